@@ -1,0 +1,181 @@
+"""Vectorized Atari and classic-control envs with DQN preprocessing, returning tensors."""
+
+from __future__ import annotations
+
+import warnings
+from typing import NamedTuple
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from rl_dqn.config import EnvConfig
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    import ale_py
+    from ale_py.vector_env import AtariVectorEnv
+
+gym.register_envs(ale_py)
+ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)   # no banner from every process
+
+
+class EnvError(ValueError):
+    """An env id that does not exist or cannot be used here."""
+
+
+class EnvSpec(NamedTuple):
+    obs_shape: tuple[int, ...]     # (frame_stack, *frame_shape)
+    obs_dtype: torch.dtype
+    num_actions: int
+
+    @property
+    def frame_shape(self) -> tuple[int, ...]:
+        return self.obs_shape[1:]
+
+    @property
+    def frame_stack(self) -> int:
+        return self.obs_shape[0]
+
+
+class StepResult(NamedTuple):
+    obs: torch.Tensor          # [E, S, *frame] observation after the step; a reset observation where `first`
+    reward: torch.Tensor       # [E] float32 training reward: the raw reward, or its sign where clipping is on
+    raw_reward: torch.Tensor   # [E] float32 change of the game score
+    terminated: torch.Tensor   # [E] bool training terminal: game over, or a lost life where configured
+    truncated: torch.Tensor    # [E] bool the episode hit its time limit (not terminal: the target bootstraps)
+    game_over: torch.Tensor    # [E] bool the game itself ended (terminated, not by a lost life)
+    first: torch.Tensor        # [E] bool `obs` starts an episode: this step was the env's reset (reward 0)
+
+    @property
+    def episode_end(self) -> torch.Tensor:
+        """The episode ended on this step; the next step resets the env and its action is ignored."""
+        return self.game_over | self.truncated
+
+
+class VectorEnv:
+    """E envs stepped together. Autoreset is next-step: after an episode ends, the following step resets the env
+    and returns its first observation with `first` set, so an episode's final observation is never lost."""
+
+    num_envs: int
+    spec: EnvSpec
+
+    def reset(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def step(self, actions: torch.Tensor) -> StepResult:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+def _gym_spec(env_id: str) -> gym.envs.registration.EnvSpec:
+    try:
+        return gym.spec(env_id)
+    except gym.error.Error as e:
+        raise EnvError(f"unknown environment {env_id!r}: {e}") from None
+
+
+def describe_env(cfg: EnvConfig) -> EnvSpec:
+    """Observation shape, dtype and action count of `cfg.id`, checked without stepping it."""
+    spec = _gym_spec(cfg.id)
+    if cfg.is_atari:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            env = gym.make(cfg.id)
+        num_actions = env.action_space.n
+        env.close()
+        return EnvSpec((cfg.frame_stack, 84, 84), torch.uint8, num_actions)
+    env = gym.make(spec)
+    space, actions = env.observation_space, env.action_space
+    env.close()
+    if not isinstance(actions, gym.spaces.Discrete) or not isinstance(space, gym.spaces.Box):
+        raise EnvError(f"{cfg.id} must have a Box observation space and Discrete actions for DQN; "
+                       f"it has {space} and {actions}")
+    return EnvSpec((1, *space.shape), torch.float32, int(actions.n))
+
+
+def make_vector_env(cfg: EnvConfig, num_envs: int, seed: int) -> VectorEnv:
+    """Atari for `ALE/...` ids, otherwise any gymnasium env with a Box observation and Discrete actions."""
+    if cfg.is_atari:
+        return AtariVector(cfg, num_envs, seed)
+    return ClassicVector(cfg, num_envs, seed)
+
+
+class AtariVector(VectorEnv):
+    """ale-py's threaded C++ vector env (faster here than gymnasium's vector API over AtariPreprocessing: see
+    the README's benchmarks), with the DQN preprocessing of Mnih et al. 2015 / Machado et al. 2018: up to
+    `noop_max` no-ops at reset, `frame_skip` with max-pooling of the last two frames, 84x84 grayscale,
+    `frame_stack` frames zero-padded at an episode's start, FIRE at reset where the game needs it, sticky actions.
+
+    The emulator runs without its own reward clipping or episodic-life handling: raw scores and true game ends
+    come from ALE, and the training signals (clipped reward, terminal on a lost life) are derived here.
+    """
+
+    def __init__(self, cfg: EnvConfig, num_envs: int, seed: int):
+        game = _gym_spec(cfg.id).kwargs["game"]
+        self.cfg, self.num_envs, self._seed = cfg, num_envs, seed
+        self._env = AtariVectorEnv(
+            game, num_envs, num_threads=min(cfg.threads_per_collector, num_envs),
+            frameskip=cfg.frame_skip, stack_num=cfg.frame_stack, img_height=84, img_width=84, grayscale=True,
+            maxpool=True, noop_max=cfg.noop_max, repeat_action_probability=cfg.sticky_action_prob,
+            max_num_frames_per_episode=cfg.max_episode_frames, reward_clipping=False, episodic_life=False,
+            use_fire_reset=True)
+        self.spec = EnvSpec((cfg.frame_stack, 84, 84), torch.uint8, int(self._env.single_action_space.n))
+        self._lives = np.zeros(num_envs, dtype=np.int32)
+        self._ended = np.zeros(num_envs, dtype=bool)
+
+    def reset(self) -> torch.Tensor:
+        obs, info = self._env.reset(seed=self._seed)
+        self._lives = info["lives"]
+        self._ended[:] = False
+        return torch.from_numpy(obs)
+
+    def step(self, actions: torch.Tensor) -> StepResult:
+        obs, raw_reward, game_over, truncated, info = self._env.step(actions.numpy())
+        first = self._ended
+        life_lost = (info["lives"] < self._lives) & ~first
+        self._lives = info["lives"]
+        self._ended = game_over | truncated
+        reward = np.sign(raw_reward) if self.cfg.clip_rewards else raw_reward
+        terminated = game_over | life_lost if self.cfg.terminal_on_life_loss else game_over
+        return StepResult(torch.from_numpy(obs), torch.from_numpy(reward.astype(np.float32)),
+                          torch.from_numpy(raw_reward.astype(np.float32)), torch.from_numpy(terminated),
+                          torch.from_numpy(truncated), torch.from_numpy(game_over), torch.from_numpy(first))
+
+    def close(self) -> None:
+        self._env.close()
+
+
+class ClassicVector(VectorEnv):
+    """gymnasium's synchronous vector env (next-step autoreset) for small envs such as CartPole; observations
+    get a stack axis of 1."""
+
+    def __init__(self, cfg: EnvConfig, num_envs: int, seed: int):
+        self.cfg, self.num_envs, self._seed = cfg, num_envs, seed
+        self.spec = describe_env(cfg)
+        self._env = gym.make_vec(cfg.id, num_envs=num_envs, vectorization_mode="sync",
+                                 vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP})
+        self._ended = np.zeros(num_envs, dtype=bool)
+
+    def _obs(self, obs: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.asarray(obs, dtype=np.float32)).unsqueeze(1)
+
+    def reset(self) -> torch.Tensor:
+        obs, _ = self._env.reset(seed=self._seed)
+        self._ended[:] = False
+        return self._obs(obs)
+
+    def step(self, actions: torch.Tensor) -> StepResult:
+        obs, raw_reward, terminated, truncated, _ = self._env.step(actions.numpy())
+        first = self._ended
+        self._ended = terminated | truncated
+        raw_reward = raw_reward.astype(np.float32)
+        reward = np.sign(raw_reward) if self.cfg.clip_rewards else raw_reward
+        return StepResult(self._obs(obs), torch.from_numpy(reward), torch.from_numpy(raw_reward),
+                          torch.from_numpy(terminated), torch.from_numpy(truncated), torch.from_numpy(terminated),
+                          torch.from_numpy(first))
+
+    def close(self) -> None:
+        self._env.close()

@@ -1,0 +1,1 @@
+"""rl_dqn: distributed DQN for Atari over PyTorch RPC."""

@@ -1,0 +1,5 @@
+import sys
+
+from rl_dqn.cli import main
+
+sys.exit(main())

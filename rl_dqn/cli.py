@@ -1,0 +1,198 @@
+"""Command line: `python -m rl_dqn {local,learner,collectors,collector} CONFIG [section.key=value ...]`.
+
+- local:      this node runs the whole run: a learner and collectors.count collectors on 127.0.0.1
+- learner:    the learner process of a multi-node run (rank 0)
+- collectors: a collector node: collectors.count collector processes, ranks cluster.rank .. + count - 1
+- collector:  one collector process (what `collectors` and `local` start)
+Bad input exits with code 2 and one line naming the problem; a role that fails exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+
+from rl_dqn.config import Config, ConfigError, load_config, save_config
+
+RUNS_DIR = Path(os.environ.get("RL_DQN_RUNS_DIR") or Path(__file__).resolve().parents[1] / "runs")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        self.exit(2, f"rl_dqn: error: {message} (usage: {self.format_usage().strip().removeprefix('usage: ')})\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m rl_dqn", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name, text in (("local", "learner and collectors on this node"), ("learner", "the learner process"),
+                       ("collectors", "this node's collector processes"), ("collector", "one collector process")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("config", help="YAML file, e.g. configs/pong.yaml")
+        p.add_argument("overrides", nargs="*", metavar="section.key=value")
+        if name == "collector":
+            p.add_argument("--local-index", type=int, default=0,
+                           help="which of this node's collectors: rank = cluster.rank + local index")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+        return _COMMANDS[args.command](cfg, args)
+    except ConfigError as e:
+        print(f"rl_dqn: config error: {e}", file=sys.stderr)
+        return 2
+
+
+def run_dir(cfg: Config) -> Path:
+    return RUNS_DIR / cfg.run.name
+
+
+def _check_env(cfg: Config):
+    from envs import EnvError, describe_env
+    try:
+        return describe_env(cfg.env)
+    except EnvError as e:
+        raise ConfigError("env.id", str(e)) from None
+
+
+def _check_new_run(cfg: Config) -> None:
+    folder = run_dir(cfg)
+    if folder.exists() and any(folder.iterdir()):
+        raise ConfigError("run.name", f"{folder} already holds a run; choose another run.name")
+
+
+# ----------------------------------------------------------------------------------------------- nodes
+
+
+def _local(cfg: Config, args) -> int:
+    """Learner and collectors of a one-node run, on a free port on 127.0.0.1, listening on loopback only."""
+    from rl_dqn.supervisor import RoleSpec, supervise
+    if cfg.cluster.world_size not in (0, 1 + cfg.collectors.count) or cfg.cluster.rank != 0:
+        raise ConfigError("cluster.world_size", "a local run sizes itself from collectors.count; "
+                                                "leave cluster.world_size and cluster.rank unset")
+    _check_env(cfg)
+    _check_new_run(cfg)
+    init_method = cfg.cluster.init_method or f"tcp://127.0.0.1:{_free_port()}"
+    common = [*args.overrides, f"run.name={cfg.run.name}", f"cluster.init_method={init_method}",
+              f"cluster.world_size={1 + cfg.collectors.count}", "cluster.interface=" + (cfg.cluster.interface or "lo")]
+    here = [sys.executable, "-m", "rl_dqn"]
+    specs = [RoleSpec("learner", [*here, "learner", args.config, *common], finishes_run=True)]
+    specs += [RoleSpec(f"collector{i}", [*here, "collector", args.config, *common, "cluster.rank=1",
+                                         f"--local-index={i}"], finishes_run=False)
+              for i in range(cfg.collectors.count)]
+    print(f"[local] run {cfg.run.name}: learner + {cfg.collectors.count} collectors at {init_method}; "
+          f"writing {run_dir(cfg)}", flush=True)
+    return supervise(specs, node="local")
+
+
+def _collectors(cfg: Config, args) -> int:
+    from rl_dqn.supervisor import RoleSpec, supervise
+    _require_cluster(cfg, collector_node=True)
+    _check_env(cfg)
+    here = [sys.executable, "-m", "rl_dqn"]
+    specs = [RoleSpec(f"collector{cfg.cluster.rank - 1 + i}",
+                      [*here, "collector", args.config, *args.overrides, f"--local-index={i}"], finishes_run=False)
+             for i in range(cfg.collectors.count)]
+    return supervise(specs, node=f"collectors (ranks {cfg.cluster.rank}..{cfg.cluster.rank + cfg.collectors.count - 1})")
+
+
+def _require_cluster(cfg: Config, collector_node: bool) -> None:
+    if cfg.cluster.init_method == "":
+        raise ConfigError("cluster.init_method", "must be set for a multi-node run: tcp://LEARNER_HOST:PORT or env://")
+    if cfg.cluster.world_size == 0:
+        raise ConfigError("cluster.world_size", "must be set for a multi-node run: 1 + every collector of every node")
+    if collector_node and cfg.cluster.rank < 1:
+        raise ConfigError("cluster.rank", "must be >= 1 on a collector node: the rank of its first collector "
+                                          "(the learner is rank 0)")
+    if not collector_node and cfg.cluster.rank != 0:
+        raise ConfigError("cluster.rank", f"must be 0 for the learner, got {cfg.cluster.rank}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ----------------------------------------------------------------------------------------------- roles
+
+
+def _stop_on_signals(role: str) -> threading.Event:
+    """SIGINT and SIGTERM ask the role to stop and flush; a third signal ends the process at once."""
+    stop = threading.Event()
+    received = []
+
+    def handler(signum, _frame):
+        received.append(signum)
+        if len(received) >= 3:
+            os._exit(128 + signum)
+        stop.set()
+
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, handler)
+    return stop
+
+
+def _role_error(role: str, message: str) -> int:
+    print(f"[{role}] error: {message}", file=sys.stderr, flush=True)
+    return 1
+
+
+def _learner(cfg: Config, args) -> int:
+    import torch
+    from rl_dqn.learner import Learner
+    from rl_dqn.transport import LearnerTransport, TransportError
+    if cfg.cluster.init_method == "" or cfg.cluster.world_size == 0:
+        _require_cluster(cfg, collector_node=False)
+    spec = _check_env(cfg)
+    _check_new_run(cfg)
+    stop = _stop_on_signals("learner")
+    torch.set_num_threads(cfg.learner.torch_threads or os.cpu_count() or 1)
+    folder = run_dir(cfg)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, folder / "config.yaml")
+    learner = Learner(cfg, spec, folder, stop=stop)
+    try:
+        learner.run(LearnerTransport(cfg))
+    except TransportError as e:
+        learner.close()
+        return _role_error("learner", str(e))
+    print(f"[learner] done: {learner.env_steps:,} env steps, {learner.updates:,} updates; "
+          f"checkpoints, TensorBoard events and summary.json in {folder}", flush=True)
+    return 0
+
+
+def _collector(cfg: Config, args) -> int:
+    from rl_dqn.collector import Collector
+    from rl_dqn.transport import CollectorTransport, TransportError
+    rank = cfg.cluster.rank + args.local_index
+    if rank < 1 or rank >= cfg.world_size:
+        raise ConfigError("cluster.rank", f"collector rank {rank} (cluster.rank + local index) must be in "
+                                          f"1..{cfg.world_size - 1}")
+    if cfg.cluster.init_method == "":
+        raise ConfigError("cluster.init_method", "must be set: tcp://LEARNER_HOST:PORT or env://")
+    _check_env(cfg)
+    name = f"collector{rank - 1}"
+    stop = _stop_on_signals(name)
+    transport = None
+    try:
+        transport = CollectorTransport(cfg, rank - 1)
+        Collector(cfg, rank - 1, transport, stop).run()
+    except TransportError as e:
+        return _role_error(name, str(e))
+    finally:
+        if transport is not None:
+            transport.close()
+    return 0
+
+
+_COMMANDS = {"local": _local, "learner": _learner, "collectors": _collectors, "collector": _collector}

@@ -1,0 +1,128 @@
+"""The collector role: steps its envs with its own copy of the Q-network, ships chunks, adopts new weights."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+
+from envs import EnvSpec, StepResult, VectorEnv, make_vector_env
+from rl_dqn import dqn
+from rl_dqn.config import Config
+from rl_dqn.metrics import say
+from rl_dqn.network import QNetwork
+from rl_dqn.types import Chunk
+
+
+class ChunkBuilder:
+    """Fills a chunk's tensors one vector step at a time; `take` hands them over and starts fresh ones (a chunk
+    in flight is read by the transport until its send completes, so its memory is never reused)."""
+
+    def __init__(self, steps: int, num_envs: int, spec: EnvSpec):
+        self.steps, self.num_envs, self.spec = steps, num_envs, spec
+        self.t = 0
+        self._returns = torch.zeros(num_envs, dtype=torch.float64)
+        self._lengths = torch.zeros(num_envs, dtype=torch.int64)
+        self._ended_returns: list[torch.Tensor] = []
+        self._ended_lengths: list[torch.Tensor] = []
+        self._allocate()
+
+    def _allocate(self) -> None:
+        shape = (self.steps, self.num_envs)
+        self.frames = torch.empty(*shape, *self.spec.frame_shape, dtype=self.spec.obs_dtype)
+        self.actions = torch.empty(shape, dtype=torch.int64)
+        self.rewards = torch.empty(shape, dtype=torch.float32)
+        self.terminated = torch.empty(shape, dtype=torch.bool)
+        self.first = torch.empty(shape, dtype=torch.bool)
+
+    @property
+    def full(self) -> bool:
+        return self.t == self.steps
+
+    def add(self, obs: torch.Tensor, obs_first: torch.Tensor, actions: torch.Tensor, result: StepResult) -> None:
+        """Records one vector step: the observation acted on (its newest frame), the action and the outcome."""
+        t = self.t
+        self.frames[t] = obs[:, -1]
+        self.first[t] = obs_first
+        self.actions[t] = actions
+        self.rewards[t] = result.reward
+        self.terminated[t] = result.terminated
+        self.t += 1
+        # Raw game score per episode; the env's reset step (result.first) is not an agent step.
+        self._returns += result.raw_reward
+        self._lengths += (~result.first).long()
+        ended = result.episode_end
+        if ended.any():
+            self._ended_returns.append(self._returns[ended].clone())
+            self._ended_lengths.append(self._lengths[ended].clone())
+            self._returns[ended] = 0.0
+            self._lengths[ended] = 0
+
+    def take(self, collector: int, seq: int, weights_version: int) -> Chunk:
+        chunk = Chunk(collector, seq, weights_version, self.frames, self.actions, self.rewards, self.terminated,
+                      self.first, torch.cat(self._ended_returns) if self._ended_returns else torch.zeros(0, dtype=torch.float64),
+                      torch.cat(self._ended_lengths) if self._ended_lengths else torch.zeros(0, dtype=torch.int64))
+        self._ended_returns, self._ended_lengths = [], []
+        self.t = 0
+        self._allocate()
+        return chunk
+
+
+class Collector:
+    """Acts epsilon-greedily in `env.envs_per_collector` envs and sends a chunk every `collectors.chunk_steps`
+    vector steps. `index` (0-based) places its envs in the run: env i of the run is env `i - index * E` here."""
+
+    def __init__(self, cfg: Config, index: int, transport, stop: threading.Event | None = None):
+        self.cfg, self.index, self.transport = cfg, index, transport
+        self.stop = stop or threading.Event()
+        self.name = f"collector{index}"
+
+    def _epsilons(self, run_env_steps: int) -> torch.Tensor:
+        c, E = self.cfg.collectors, self.cfg.env.envs_per_collector
+        if c.exploration == "apex":
+            return dqn.apex_epsilons(self.cfg.num_envs, self.index * E, E, c.apex_epsilon, c.apex_alpha)
+        eps = dqn.linear_epsilon(run_env_steps, c.epsilon_start, c.epsilon_end, c.epsilon_decay_env_steps)
+        return torch.full((E,), eps)
+
+    def run(self) -> None:
+        cfg, E = self.cfg, self.cfg.env.envs_per_collector
+        torch.set_num_threads(cfg.collectors.torch_threads)
+        env: VectorEnv = make_vector_env(cfg.env, E, seed=cfg.run.seed * 100_000 + self.index * E)
+        try:
+            self._loop(env)
+        finally:
+            env.close()
+
+    def _loop(self, env: VectorEnv) -> None:
+        cfg, E = self.cfg, self.cfg.env.envs_per_collector
+        net = QNetwork(env.spec.obs_shape, env.spec.num_actions, cfg.network.mlp_hidden).eval()
+        generator = torch.Generator().manual_seed(cfg.run.seed * 100_000 + self.index)
+        weights = self.transport.wait_weights(cfg.cluster.join_timeout_s)
+        net.load_state_dict(weights.state)
+        version = weights.version
+        builder = ChunkBuilder(cfg.collectors.chunk_steps, E, env.spec)
+        run_env_steps, seq = 0, 0
+        epsilons = self._epsilons(run_env_steps)
+        obs, obs_first = env.reset(), torch.ones(E, dtype=torch.bool)
+        say(self.name, f"acting in {E} x {cfg.env.id}, epsilon {epsilons.min():.3g}..{epsilons.max():.3g}")
+        started = time.monotonic()
+        while not (self.stop.is_set() or self.transport.stop_requested):
+            weights = self.transport.poll_weights()
+            if weights is not None:
+                net.load_state_dict(weights.state)
+                version = weights.version
+            with torch.inference_mode():
+                actions = dqn.select_actions(net(obs), epsilons, generator)
+            result = env.step(actions)
+            builder.add(obs, obs_first, actions, result)
+            obs, obs_first = result.obs, result.first
+            if builder.full:
+                ack = self.transport.send(builder.take(self.index, seq, version))
+                seq += 1
+                if ack is not None and cfg.collectors.exploration == "linear":
+                    run_env_steps = ack.env_steps
+                    epsilons = self._epsilons(run_env_steps)
+        elapsed = time.monotonic() - started
+        say(self.name, f"stopped after {seq} chunks ({seq * builder.steps * E:,} env steps, "
+                       f"{seq * builder.steps * E / max(elapsed, 1e-9):,.0f}/s), weights version {version}")

@@ -1,0 +1,428 @@
+"""Run configuration: frozen dataclasses loaded from YAML, dotted `key=value` overrides, checked before any
+process starts, and written to the run folder.
+
+Each field is documented where it is declared, with its unit. A bad key or value raises `ConfigError`, whose
+message names the key and what is allowed; the command line turns it into one line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import re
+import time
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config key with a value that is not allowed (or a key that does not exist)."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"{key}: {message}")
+        self.key = key
+
+
+def _require(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(key, message)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    name: str = ""
+    """output folder `runs/<name>/`; empty derives `<game>__<config file>__s<seed>__<date-time>`"""
+    seed: int = 1
+    """seed of networks, envs and exploration (each collector and env offsets it by its index)"""
+
+    def __post_init__(self):
+        _require(self.name == "" or re.fullmatch(r"[A-Za-z0-9._+=-]+", self.name) is not None and
+                 self.name not in (".", ".."), "run.name",
+                 f"must be a folder name of letters, digits and ._+=- characters, got {self.name!r}")
+        _require(self.seed >= 0, "run.seed", f"must be >= 0, got {self.seed}")
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    id: str = "ALE/Pong-v5"
+    """gymnasium id: `ALE/<Game>-v5` for Atari, or a classic-control id such as `CartPole-v1`"""
+    envs_per_collector: int = 8
+    """environments each collector steps together as one vector"""
+    threads_per_collector: int = 1
+    """threads stepping one collector's Atari vector (ale-py's AtariVectorEnv)"""
+    frame_skip: int = 4
+    """emulator frames per agent step, max-pooled over the last two (Atari)"""
+    frame_stack: int = 4
+    """84x84 grayscale frames per observation (Atari)"""
+    noop_max: int = 30
+    """at most this many no-op agent steps at the start of an episode (Atari)"""
+    sticky_action_prob: float = 0.25
+    """probability that the emulator repeats the previous action on each frame (Atari; 0.25 is ALE v5's)"""
+    max_episode_frames: int = 108_000
+    """episodes are truncated after this many emulator frames (Atari; 108,000 frames = 30 minutes of play)"""
+    terminal_on_life_loss: bool = True
+    """a lost life is a terminal state for the TD target; the game itself goes on (Atari)"""
+    clip_rewards: bool = True
+    """train on the sign of each reward; reported returns stay the raw game score"""
+
+    def __post_init__(self):
+        _require(self.id != "", "env.id", "must name a gymnasium environment, e.g. ALE/Pong-v5 or CartPole-v1")
+        _require(self.envs_per_collector >= 1, "env.envs_per_collector", f"must be >= 1, got {self.envs_per_collector}")
+        _require(self.threads_per_collector >= 1, "env.threads_per_collector",
+                 f"must be >= 1, got {self.threads_per_collector}")
+        _require(self.frame_skip >= 1, "env.frame_skip", f"must be >= 1, got {self.frame_skip}")
+        _require(self.frame_stack >= 1, "env.frame_stack", f"must be >= 1, got {self.frame_stack}")
+        _require(self.noop_max >= 0, "env.noop_max", f"must be >= 0, got {self.noop_max}")
+        _require(0.0 <= self.sticky_action_prob < 1.0, "env.sticky_action_prob",
+                 f"must be in [0, 1), got {self.sticky_action_prob}")
+        _require(self.max_episode_frames >= self.frame_skip, "env.max_episode_frames",
+                 f"must be >= env.frame_skip ({self.frame_skip}), got {self.max_episode_frames}")
+
+    @property
+    def is_atari(self) -> bool:
+        return self.id.startswith("ALE/")
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    mlp_hidden: tuple[int, ...] = (256, 256)
+    """hidden layer widths of the Q-network for vector observations (image observations use the Nature CNN)"""
+
+    def __post_init__(self):
+        _require(len(self.mlp_hidden) >= 1 and all(h >= 1 for h in self.mlp_hidden), "network.mlp_hidden",
+                 f"must be a non-empty list of widths >= 1, got {list(self.mlp_hidden)}")
+
+
+@dataclass(frozen=True)
+class CollectorsConfig:
+    count: int = 2
+    """collector processes on each node that runs collectors"""
+    chunk_steps: int = 32
+    """vector steps per chunk sent to the learner; a chunk holds chunk_steps x env.envs_per_collector transitions"""
+    max_chunks_in_flight: int = 2
+    """chunks sent but not yet acknowledged by the learner before a collector waits (this is how it is throttled)"""
+    exploration: Literal["apex", "linear"] = "apex"
+    """`apex`: env i of N in the run acts with eps_i = apex_epsilon^(1 + apex_alpha * i / (N - 1));
+    `linear`: every env decays eps from epsilon_start to epsilon_end over epsilon_decay_env_steps of the run"""
+    apex_epsilon: float = 0.4
+    """base epsilon of the Ape-X schedule"""
+    apex_alpha: float = 7.0
+    """exponent range of the Ape-X schedule"""
+    epsilon_start: float = 1.0
+    """linear schedule: epsilon at env step 0 of the run"""
+    epsilon_end: float = 0.01
+    """linear schedule: epsilon from epsilon_decay_env_steps on"""
+    epsilon_decay_env_steps: int = 1_000_000
+    """linear schedule: env steps of the whole run (all collectors) over which epsilon decays"""
+    torch_threads: int = 1
+    """torch intra-op threads of each collector process (acting is a small batched forward pass)"""
+
+    def __post_init__(self):
+        _require(self.count >= 1, "collectors.count", f"must be >= 1, got {self.count}")
+        _require(self.chunk_steps >= 1, "collectors.chunk_steps", f"must be >= 1, got {self.chunk_steps}")
+        _require(self.max_chunks_in_flight >= 1, "collectors.max_chunks_in_flight",
+                 f"must be >= 1, got {self.max_chunks_in_flight}")
+        _require(0.0 < self.apex_epsilon <= 1.0, "collectors.apex_epsilon", f"must be in (0, 1], got {self.apex_epsilon}")
+        _require(self.apex_alpha >= 0.0, "collectors.apex_alpha", f"must be >= 0, got {self.apex_alpha}")
+        for key in ("epsilon_start", "epsilon_end"):
+            value = getattr(self, key)
+            _require(0.0 <= value <= 1.0, f"collectors.{key}", f"must be in [0, 1], got {value}")
+        _require(self.epsilon_decay_env_steps >= 1, "collectors.epsilon_decay_env_steps",
+                 f"must be >= 1, got {self.epsilon_decay_env_steps}")
+        _require(self.torch_threads >= 1, "collectors.torch_threads", f"must be >= 1, got {self.torch_threads}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    total_env_steps: int = 10_000_000
+    """the run ends when all collectors together have taken this many env steps (agent steps, not frames)"""
+    learning_starts: int = 80_000
+    """env steps collected before the first gradient update"""
+    replay_capacity: int = 1_000_000
+    """transitions the replay memory holds (each stores one frame)"""
+    batch_size: int = 32
+    """transitions per gradient update"""
+    replay_ratio: float = 8.0
+    """gradient samples per env step after learning_starts (8 = a batch of 32 every 4 env steps); 0 = no training"""
+    gamma: float = 0.99
+    """discount per env step"""
+    lr: float = 1e-4
+    """Adam learning rate"""
+    adam_eps: float = 1e-8
+    """Adam epsilon"""
+    max_grad_norm: float = 10.0
+    """gradients are clipped to this global L2 norm"""
+    target_update_updates: int = 250
+    """updates between copies of the online network into the target network"""
+
+    def __post_init__(self):
+        _require(self.total_env_steps >= 1, "train.total_env_steps", f"must be >= 1, got {self.total_env_steps}")
+        _require(self.batch_size >= 1, "train.batch_size", f"must be >= 1, got {self.batch_size}")
+        _require(self.learning_starts >= self.batch_size, "train.learning_starts",
+                 f"must be >= train.batch_size ({self.batch_size}), got {self.learning_starts}")
+        _require(self.replay_capacity >= self.learning_starts, "train.replay_capacity",
+                 f"must be >= train.learning_starts ({self.learning_starts}), got {self.replay_capacity}")
+        _require(self.replay_ratio >= 0.0, "train.replay_ratio", f"must be >= 0, got {self.replay_ratio}")
+        _require(0.0 <= self.gamma <= 1.0, "train.gamma", f"must be in [0, 1], got {self.gamma}")
+        _require(self.lr > 0.0, "train.lr", f"must be > 0, got {self.lr}")
+        _require(self.adam_eps > 0.0, "train.adam_eps", f"must be > 0, got {self.adam_eps}")
+        _require(self.max_grad_norm > 0.0, "train.max_grad_norm", f"must be > 0, got {self.max_grad_norm}")
+        _require(self.target_update_updates >= 1, "train.target_update_updates",
+                 f"must be >= 1, got {self.target_update_updates}")
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    device: str = "auto"
+    """where the learner trains: `auto` (cuda when present, else cpu), `cpu`, `cuda` or `cuda:N`"""
+    torch_threads: int = 0
+    """torch intra-op threads of the learner process; 0 = one per CPU core"""
+    publish_every_updates: int = 100
+    """updates between weight broadcasts to the collectors"""
+    checkpoint_every_updates: int = 50_000
+    """updates between checkpoints (one is also written when the run ends)"""
+    keep_checkpoints: int = 3
+    """newest checkpoints kept in runs/<name>/checkpoints/"""
+
+    def __post_init__(self):
+        _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device) is not None, "learner.device",
+                 f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        _require(self.torch_threads >= 0, "learner.torch_threads", f"must be >= 0, got {self.torch_threads}")
+        _require(self.publish_every_updates >= 1, "learner.publish_every_updates",
+                 f"must be >= 1, got {self.publish_every_updates}")
+        _require(self.checkpoint_every_updates >= 1, "learner.checkpoint_every_updates",
+                 f"must be >= 1, got {self.checkpoint_every_updates}")
+        _require(self.keep_checkpoints >= 1, "learner.keep_checkpoints", f"must be >= 1, got {self.keep_checkpoints}")
+
+
+TENSORPIPE_TRANSPORTS = ("uv", "shm", "ibv")
+
+
+@dataclass(frozen=True)
+class TransportConfig:
+    kind: Literal["cpu"] = "cpu"
+    """how tensors travel: `cpu` stages them in host memory"""
+    tensorpipe_transports: tuple[str, ...] = ("uv",)
+    """TensorPipe transports, in order of preference: uv (TCP; idles at 0% CPU), shm (same-host shared memory;
+    busy-polls a core per process), ibv (InfiniBand)"""
+    rpc_timeout_s: float = 60.0
+    """seconds an RPC (a chunk, a weights broadcast, a stop) may take before its peer is taken for lost"""
+    worker_threads: int = 8
+    """threads serving incoming RPCs in each process"""
+
+    def __post_init__(self):
+        _require(len(self.tensorpipe_transports) >= 1 and set(self.tensorpipe_transports) <= set(TENSORPIPE_TRANSPORTS),
+                 "transport.tensorpipe_transports",
+                 f"must be a non-empty list of {', '.join(TENSORPIPE_TRANSPORTS)}, got {list(self.tensorpipe_transports)}")
+        _require(self.rpc_timeout_s > 0, "transport.rpc_timeout_s", f"must be > 0, got {self.rpc_timeout_s}")
+        _require(self.worker_threads >= 2, "transport.worker_threads", f"must be >= 2, got {self.worker_threads}")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    init_method: str = ""
+    """rendezvous: `tcp://HOST:PORT` (the learner's node) or `env://` (MASTER_ADDR, MASTER_PORT);
+    launch/local.sh picks a free port on 127.0.0.1 when this is empty"""
+    world_size: int = 0
+    """processes in the run: 1 learner + every collector of every node; 0 = this node only (1 + collectors.count)"""
+    rank: int = 0
+    """rank of the first process this node starts: 0 on the learner's node, its first collector's rank elsewhere
+    (a collector node's processes take ranks rank .. rank + collectors.count - 1)"""
+    interface: str = ""
+    """network interface TensorPipe listens on (e.g. `lo`, `eth0`); empty = the address of the host's name"""
+    join_timeout_s: float = 300.0
+    """seconds a process waits for the whole run to join before it gives up"""
+
+    def __post_init__(self):
+        _require(self.init_method == "" or self.init_method == "env://" or
+                 re.fullmatch(r"tcp://[^:/\s]+:\d{1,5}", self.init_method) is not None, "cluster.init_method",
+                 f"must be tcp://HOST:PORT or env://, got {self.init_method!r}")
+        _require(self.world_size >= 0, "cluster.world_size", f"must be >= 0, got {self.world_size}")
+        _require(self.rank >= 0, "cluster.rank", f"must be >= 0, got {self.rank}")
+        _require(self.join_timeout_s > 0, "cluster.join_timeout_s", f"must be > 0, got {self.join_timeout_s}")
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    interval_s: float = 10.0
+    """seconds between console lines and rate scalars in TensorBoard"""
+
+    def __post_init__(self):
+        _require(self.interval_s > 0, "metrics.interval_s", f"must be > 0, got {self.interval_s}")
+
+
+@dataclass(frozen=True)
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    collectors: CollectorsConfig = field(default_factory=CollectorsConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    transport: TransportConfig = field(default_factory=TransportConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+
+    def __post_init__(self):
+        world_size = self.world_size
+        _require(world_size >= 2, "cluster.world_size", f"must be >= 2 (a learner and a collector), got {world_size}")
+        _require(self.cluster.rank < world_size, "cluster.rank",
+                 f"must be < cluster.world_size ({world_size}), got {self.cluster.rank}")
+        if self.cluster.rank > 0:
+            _require(self.cluster.rank + self.collectors.count <= world_size, "cluster.rank",
+                     f"this node's collectors take ranks {self.cluster.rank}..{self.cluster.rank + self.collectors.count - 1}, "
+                     f"beyond cluster.world_size {world_size}; lower collectors.count or raise cluster.world_size")
+        lane_steps = self.train.replay_capacity // self.num_envs
+        need = 2 * self.collectors.chunk_steps + self.env.frame_stack + 1
+        _require(lane_steps >= need, "train.replay_capacity",
+                 f"must hold at least {need} steps for each of the run's {self.num_envs} envs "
+                 f"(>= {need * self.num_envs}), got {self.train.replay_capacity}")
+
+    @property
+    def world_size(self) -> int:
+        """Processes in the run: the configured size, or this node's learner and collectors."""
+        return self.cluster.world_size or 1 + self.collectors.count
+
+    @property
+    def num_collectors(self) -> int:
+        return self.world_size - 1
+
+    @property
+    def num_envs(self) -> int:
+        """Environments in the whole run, over all collectors of all nodes."""
+        return self.num_collectors * self.env.envs_per_collector
+
+
+SECTIONS: dict[str, type] = typing.get_type_hints(Config)
+
+
+# ---------------------------------------------------------------------------------------------- loading
+
+
+def load_config(path: str | Path, overrides: list[str] = ()) -> Config:
+    """Reads a YAML config, applies `key=value` overrides and checks everything; raises ConfigError."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("config", f"no such file: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError("config", f"{path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError("config", f"{path} must hold a mapping of sections ({', '.join(SECTIONS)})")
+    for item in overrides:
+        _apply_override(raw, item)
+    cfg = from_dict(raw)
+    if cfg.run.name == "":
+        cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, name=default_run_name(cfg, path.stem)))
+    return cfg
+
+
+def default_run_name(cfg: Config, config_name: str) -> str:
+    game = cfg.env.id.split("/")[-1].split("-")[0]
+    return f"{game}__{config_name}__s{cfg.run.seed}__{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _apply_override(raw: dict, item: str) -> None:
+    key, sep, text = item.partition("=")
+    if not sep or "." not in key:
+        raise ConfigError(item, "overrides take the form section.key=value, e.g. train.lr=1e-4")
+    section, _, name = key.partition(".")
+    if not isinstance(raw.get(section, {}), dict):
+        raise ConfigError(section, "must be a mapping of keys")
+    try:
+        value = yaml.safe_load(text) if text != "" else ""
+    except yaml.YAMLError:
+        value = text
+    # A string field takes the text as typed (run.name=007 stays "007").
+    hints = typing.get_type_hints(SECTIONS[section]) if section in SECTIONS else {}
+    if hints.get(name) is str:
+        value = text
+    raw.setdefault(section, {})[name] = value
+
+
+def from_dict(raw: dict[str, Any]) -> Config:
+    sections = {}
+    for section, values in raw.items():
+        if section not in SECTIONS:
+            raise ConfigError(section, _unknown(section, SECTIONS))
+        if values is None:
+            values = {}
+        if not isinstance(values, dict):
+            raise ConfigError(section, f"must be a mapping of keys, got {values!r}")
+        cls = SECTIONS[section]
+        hints = typing.get_type_hints(cls)
+        kwargs = {}
+        for name, value in values.items():
+            key = f"{section}.{name}"
+            if name not in hints:
+                raise ConfigError(key, _unknown(name, hints))
+            kwargs[name] = _convert(key, value, hints[name])
+        sections[section] = cls(**kwargs)
+    return Config(**sections)
+
+
+def _unknown(name: str, allowed) -> str:
+    close = difflib.get_close_matches(name, list(allowed), n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return f"unknown key{hint}; allowed: {', '.join(allowed)}"
+
+
+def _convert(key: str, value: Any, tp: Any) -> Any:
+    """Converts a YAML value to the field's type. PyYAML reads `1e-4` as a string, so numbers are parsed here."""
+    if typing.get_origin(tp) is Literal:
+        choices = typing.get_args(tp)
+        _require(value in choices, key, f"must be one of {', '.join(map(str, choices))}, got {value!r}")
+        return value
+    if typing.get_origin(tp) is tuple:
+        (item_tp, _) = typing.get_args(tp)
+        _require(isinstance(value, (list, tuple)), key, f"must be a list, got {value!r}")
+        return tuple(_convert(key, v, item_tp) for v in value)
+    if tp is bool:
+        _require(isinstance(value, bool), key, f"must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        number = _number(value)
+        _require(number is not None and math.isfinite(number) and float(number).is_integer(), key,
+                 f"must be an integer, got {value!r}")
+        return int(number)
+    if tp is float:
+        number = _number(value)
+        _require(number is not None and math.isfinite(number), key, f"must be a number, got {value!r}")
+        return float(number)
+    if tp is str:
+        _require(isinstance(value, str), key, f"must be a string, got {value!r}")
+        return value
+    raise TypeError(f"{key}: unsupported field type {tp}")
+
+
+def _number(value: Any) -> float | int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value.replace("_", ""))
+        except ValueError:
+            pass
+        try:
+            return float(value.replace("_", ""))
+        except ValueError:
+            return None
+    return None
+
+
+def to_dict(cfg: Config) -> dict[str, dict[str, Any]]:
+    def plain(v):
+        return list(v) if isinstance(v, tuple) else v
+    return {s: {k: plain(v) for k, v in dataclasses.asdict(getattr(cfg, s)).items()} for s in SECTIONS}
+
+
+def save_config(cfg: Config, path: Path) -> None:
+    path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))

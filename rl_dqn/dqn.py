@@ -1,0 +1,45 @@
+"""The DQN math as small pure functions: exploration schedules, action choice, the Double DQN target and loss."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def apex_epsilons(num_envs: int, first: int, count: int, base: float = 0.4, alpha: float = 7.0) -> torch.Tensor:
+    """Ape-X's fixed per-actor epsilons, eps_i = base^(1 + alpha * i / (N - 1)), for envs first..first+count-1
+    of the N envs of the run (Horgan et al. 2018, https://arxiv.org/abs/1803.00933, section 4)."""
+    i = torch.arange(first, first + count, dtype=torch.float64)
+    exponent = 1.0 + alpha * i / max(num_envs - 1, 1)
+    return (base ** exponent).float()
+
+
+def linear_epsilon(env_steps: int, start: float, end: float, decay_env_steps: int) -> float:
+    """Epsilon decayed linearly from `start` to `end` over `decay_env_steps`, then held (CleanRL's schedule)."""
+    fraction = min(env_steps / decay_env_steps, 1.0)
+    return start + fraction * (end - start)
+
+
+def select_actions(q_values: torch.Tensor, epsilons: torch.Tensor, generator: torch.Generator | None = None
+                   ) -> torch.Tensor:
+    """Epsilon-greedy over a batch: row b acts at random with probability epsilons[b], else greedily."""
+    batch, num_actions = q_values.shape
+    greedy = q_values.argmax(dim=1)
+    random = torch.randint(num_actions, (batch,), generator=generator, device=q_values.device)
+    explore = torch.rand(batch, generator=generator, device=q_values.device) < epsilons
+    return torch.where(explore, random, greedy)
+
+
+def double_dqn_target(rewards: torch.Tensor, terminated: torch.Tensor, next_q_online: torch.Tensor,
+                      next_q_target: torch.Tensor, gamma: float) -> torch.Tensor:
+    """r + gamma * Q_target(s', argmax_a Q_online(s', a)), with no bootstrap from a terminal state
+    (van Hasselt et al. 2016, https://arxiv.org/abs/1509.06461). A time-limit truncation is not terminal:
+    it bootstraps, because the state after it is as valuable as any other."""
+    next_actions = next_q_online.argmax(dim=1, keepdim=True)
+    next_values = next_q_target.gather(1, next_actions).squeeze(1)
+    return rewards + gamma * (~terminated).float() * next_values
+
+
+def td_loss(q_taken: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Huber loss between Q(s, a) and the (constant) target, as in Nature DQN's error clipping."""
+    return F.smooth_l1_loss(q_taken, targets.detach())

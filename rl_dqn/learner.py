@@ -1,0 +1,296 @@
+"""The learner role: ingest chunks -> replay -> step() -> publish weights; metrics and checkpoints."""
+
+from __future__ import annotations
+
+import collections
+import copy
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from envs import EnvSpec
+from rl_dqn import dqn
+from rl_dqn.config import Config, to_dict
+from rl_dqn.metrics import Board, RateMeter, say
+from rl_dqn.network import QNetwork
+from rl_dqn.replay import ReplayMemory
+from rl_dqn.transport import TransportError, worker_name, collector_rank
+from rl_dqn.types import Ack, Chunk, Weights
+
+
+def learner_device(setting: str) -> torch.device:
+    if setting == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(setting)
+
+
+class _CollectorStats:
+    def __init__(self):
+        self.chunks = self.env_steps = self.episodes = 0
+        self.first_weights_version: int | None = None
+        self.last_weights_version: int | None = None
+
+
+class Learner:
+    """Double DQN on a replay memory filled by the collectors, at a fixed replay ratio.
+
+    The replay ratio (gradient samples per env step) is held on both sides: the learner idles while it is
+    ahead of the data, and withholds its answers to chunks while it is behind, which makes the collectors wait.
+    So the learning dynamics do not depend on how fast the hardware steps envs or trains.
+    """
+
+    def __init__(self, cfg: Config, spec: EnvSpec, run_dir: Path, stop: threading.Event | None = None):
+        self.cfg, self.spec, self.run_dir = cfg, spec, run_dir
+        self.transport = None
+        self.stop = stop or threading.Event()
+        self.device = learner_device(cfg.learner.device)
+        torch.manual_seed(cfg.run.seed)
+        self.network = QNetwork(spec.obs_shape, spec.num_actions, cfg.network.mlp_hidden).to(self.device)
+        self.target = copy.deepcopy(self.network)
+        # The fused kernel: 0.5 ms per step for the Nature CNN on 2 CPU cores against 6 ms for the default.
+        self.optimizer = torch.optim.Adam(self.network.parameters(), lr=cfg.train.lr, eps=cfg.train.adam_eps,
+                                          fused=True)
+        self.replay = ReplayMemory(cfg.train.replay_capacity, cfg.num_envs, spec.frame_shape, spec.obs_dtype,
+                                   spec.frame_stack, replay_device="cpu")
+        self.generator = torch.Generator().manual_seed(cfg.run.seed)
+        self.env_steps = 0
+        self.updates = 0
+        self.weights_version = 0
+        # Chunks are inserted in each collector's send order (RPCs may be served out of order).
+        self._next_seq = [0] * cfg.num_collectors
+        self._held: list[dict[int, Chunk]] = [{} for _ in range(cfg.num_collectors)]
+        self._waiting = collections.deque()          # deliveries whose answer is withheld
+        self._chunk_env_steps = cfg.collectors.chunk_steps * cfg.env.envs_per_collector
+        # Metrics: sums since the last log line, so the update itself never waits on a host sync.
+        self._loss_sum = torch.zeros((), device=self.device)
+        self._q_sum = torch.zeros((), device=self.device)
+        self._stat_updates = 0
+        self._staleness_sum = self._staleness_count = 0
+        self._returns = collections.deque(maxlen=20)
+        self._reported_lost: set[str] = set()
+        self._collectors = [_CollectorStats() for _ in range(cfg.num_collectors)]
+        self._env_meter, self._update_meter, self._byte_meter = RateMeter(), RateMeter(), RateMeter()
+        self._started = time.monotonic()
+        self._first_data_time: float | None = None
+        self._first_data_steps = 0
+        self._training_start: tuple[float, int] | None = None
+        self.board = Board(run_dir, cfg)
+
+    # ------------------------------------------------------------------------------------------- data in
+
+    def ingest(self, chunk: Chunk) -> None:
+        """Puts a chunk into replay once every earlier chunk of its collector is in."""
+        i = chunk.collector
+        self._held[i][chunk.seq] = chunk
+        while (ready := self._held[i].pop(self._next_seq[i], None)) is not None:
+            self._next_seq[i] += 1
+            self.replay.extend(i * self.cfg.env.envs_per_collector, ready)
+            self._account(ready)
+
+    def _account(self, chunk: Chunk) -> None:
+        now = time.monotonic()
+        if self._first_data_time is None:
+            self._first_data_time, self._first_data_steps = now, chunk.env_steps
+        self.env_steps += chunk.env_steps
+        self._env_meter.add(chunk.env_steps)
+        self._byte_meter.add(chunk.nbytes)
+        stats = self._collectors[chunk.collector]
+        stats.chunks += 1
+        stats.env_steps += chunk.env_steps
+        stats.episodes += len(chunk.episode_returns)
+        if stats.first_weights_version is None:
+            stats.first_weights_version = chunk.weights_version
+        stats.last_weights_version = chunk.weights_version
+        self._staleness_sum += self.weights_version - chunk.weights_version
+        self._staleness_count += 1
+        for score, length in zip(chunk.episode_returns.tolist(), chunk.episode_lengths.tolist()):
+            self._returns.append(score)
+            self.board.scalar("collector/episode_return", score, self.env_steps)
+            self.board.scalar("collector/episode_length", length, self.env_steps)
+
+    # ------------------------------------------------------------------------------------- replay ratio
+
+    def _owed_samples(self) -> float:
+        """Gradient samples the replay ratio asks for that have not been trained on yet."""
+        if self.cfg.train.replay_ratio == 0 or self.env_steps < self.cfg.train.learning_starts:
+            return 0.0
+        wanted = self.cfg.train.replay_ratio * (self.env_steps - self.cfg.train.learning_starts)
+        return wanted - self.updates * self.cfg.train.batch_size
+
+    def wants_update(self) -> bool:
+        return self._owed_samples() >= self.cfg.train.batch_size
+
+    def _release_answers(self) -> None:
+        """Answers waiting chunks unless the learner owes more than one chunk's worth of training."""
+        allowance = self.cfg.train.replay_ratio * self._chunk_env_steps
+        while self._waiting and self._owed_samples() <= allowance:
+            self.transport.acknowledge(self._waiting.popleft(), Ack(self.env_steps, stop=False))
+
+    # ------------------------------------------------------------------------------------------- training
+
+    def step(self) -> None:
+        """One Double DQN update on a uniformly sampled batch."""
+        t = self.cfg.train
+        if self._training_start is None:
+            self._training_start = (time.monotonic(), self.env_steps)
+        batch = self.replay.sample(t.batch_size, self.generator).to(self.device)
+        q = self.network(batch.obs).gather(1, batch.actions[:, None]).squeeze(1)
+        with torch.no_grad():
+            targets = dqn.double_dqn_target(batch.rewards, batch.terminated, self.network(batch.next_obs),
+                                            self.target(batch.next_obs), t.gamma)
+        loss = dqn.td_loss(q, targets)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.network.parameters(), t.max_grad_norm)
+        self.optimizer.step()
+        self.updates += 1
+        self._update_meter.add(1)
+        self._loss_sum += loss.detach()
+        self._q_sum += q.detach().mean()
+        self._stat_updates += 1
+        if self.updates % t.target_update_updates == 0:
+            self.target.load_state_dict(self.network.state_dict())
+        if self.updates % self.cfg.learner.publish_every_updates == 0:
+            self.publish()
+        if self.updates % self.cfg.learner.checkpoint_every_updates == 0:
+            self.save_checkpoint()
+
+    def weights(self) -> Weights:
+        """A snapshot of the online network, detached from the copy that keeps training."""
+        return Weights(self.weights_version, {k: v.detach().to("cpu", copy=True)
+                                              for k, v in self.network.state_dict().items()})
+
+    def publish(self) -> None:
+        if self.updates > 0:
+            self.weights_version += 1
+        self.transport.publish(self.weights())
+        for name, reason in self.transport.lost.items():
+            if name in self._reported_lost:
+                continue
+            self._reported_lost.add(name)
+            say("learner", f"{name} lost ({reason}); training goes on with {len(self.transport.alive)} collectors")
+
+    # ------------------------------------------------------------------------------------------- the loop
+
+    def run(self, transport) -> None:
+        """Trains until the collectors together reach train.total_env_steps, or until asked to stop."""
+        self.transport = transport
+        say("learner", f"training on {self.device}, replay {self.cfg.train.replay_capacity:,} transitions in "
+                       f"{self.cfg.num_envs} lanes, waiting for {self.cfg.num_collectors} collectors")
+        self.publish()
+        total = self.cfg.train.total_env_steps
+        last_log = last_data = time.monotonic()
+        try:
+            while not self.stop.is_set() and self.env_steps < total:
+                deliveries = self.transport.receive(timeout=0 if self.wants_update() else 0.05)
+                now = time.monotonic()
+                if deliveries:
+                    last_data = now
+                for delivery in deliveries:
+                    self.ingest(delivery.chunk)
+                    self._waiting.append(delivery)
+                self._release_answers()
+                if self.wants_update():
+                    self.step()
+                elif not self._waiting and now - last_data > self.cfg.transport.rpc_timeout_s:
+                    raise TransportError(f"no data from any collector for {self.cfg.transport.rpc_timeout_s:g} s "
+                                         f"(transport.rpc_timeout_s)")
+                if not self.transport.alive:
+                    raise TransportError("every collector is gone: " + "; ".join(
+                        f"{name}: {why}" for name, why in sorted(self.transport.lost.items())))
+                if now - last_log >= self.cfg.metrics.interval_s:
+                    last_log = now
+                    self.log()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Final checkpoint, metrics and summary, then stop the collectors and leave. Safe to call twice."""
+        if self.board is None:
+            return
+        try:
+            self.save_checkpoint()
+            self.log()
+            self.write_summary()
+        finally:
+            self.board.close()
+            self.board = None
+            try:
+                if self.transport is not None:
+                    self.transport.stop_collectors(timeout=min(self.cfg.transport.rpc_timeout_s, 10.0))
+            finally:
+                if self.transport is not None:
+                    self.transport.close()
+
+    # ----------------------------------------------------------------------------------------- reporting
+
+    def log(self) -> None:
+        env_rate, update_rate = self._env_meter.rate(), self._update_meter.rate()
+        board, steps = self.board, self.env_steps
+        board.scalar("collector/env_steps_per_s", env_rate, steps)
+        board.scalar("transport/recv_mb_per_s", self._byte_meter.rate() / 1e6, steps)
+        board.scalar("learner/updates_per_s", update_rate, self.updates)
+        board.scalar("learner/replay_size", len(self.replay), self.updates)
+        if self._stat_updates:
+            board.scalar("learner/loss", (self._loss_sum / self._stat_updates).item(), self.updates)
+            board.scalar("learner/q_mean", (self._q_sum / self._stat_updates).item(), self.updates)
+            self._loss_sum.zero_()
+            self._q_sum.zero_()
+            self._stat_updates = 0
+        held = [s.last_weights_version for s in self._collectors if s.last_weights_version is not None]
+        if held:
+            board.scalar("weights/version", min(held), steps)
+        if self._staleness_count:
+            board.scalar("weights/staleness", self._staleness_sum / self._staleness_count, steps)
+            self._staleness_sum = self._staleness_count = 0
+        recent = f"{sum(self._returns) / len(self._returns):.1f} (last {len(self._returns)})" if self._returns else "-"
+        say("learner", f"env steps {steps:,}/{self.cfg.train.total_env_steps:,} | {env_rate:,.0f} steps/s | "
+                       f"{update_rate:,.1f} updates/s | replay {len(self.replay):,} | return {recent} | "
+                       f"weights v{self.weights_version}")
+
+    def checkpoint_state(self) -> dict:
+        return {
+            "network": self.network.state_dict(), "target": self.target.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "counters": {"env_steps": self.env_steps, "updates": self.updates,
+                         "weights_version": self.weights_version},
+            "config": to_dict(self.cfg),
+            "spec": {"obs_shape": list(self.spec.obs_shape), "obs_dtype": str(self.spec.obs_dtype),
+                     "num_actions": self.spec.num_actions},
+        }
+
+    def save_checkpoint(self) -> Path:
+        """Writes checkpoints/checkpoint_<updates>.pt atomically (temporary file, then rename) and keeps the
+        newest `learner.keep_checkpoints`."""
+        folder = self.run_dir / "checkpoints"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"checkpoint_{self.updates:09d}.pt"
+        partial = path.with_suffix(".partial")
+        torch.save(self.checkpoint_state(), partial)
+        os.replace(partial, path)
+        for old in sorted(folder.glob("checkpoint_*.pt"))[:-self.cfg.learner.keep_checkpoints]:
+            old.unlink()
+        return path
+
+    def write_summary(self) -> None:
+        """runs/<name>/summary.json: what the run did, for people and scripts (benchmarks, tests)."""
+        now = time.monotonic()
+        summary = {
+            "env_steps": self.env_steps, "updates": self.updates, "weights_version": self.weights_version,
+            "wall_s": now - self._started, "replay_size": len(self.replay),
+            "env_steps_per_s": None, "env_steps_per_s_training": None,
+            "recent_returns": list(self._returns),
+            "collectors": {worker_name(collector_rank(i)): vars(s) for i, s in enumerate(self._collectors)},
+            "lost_collectors": dict(self.transport.lost) if self.transport is not None else {},
+        }
+        if self._first_data_time is not None and now > self._first_data_time:
+            summary["env_steps_per_s"] = (self.env_steps - self._first_data_steps) / (now - self._first_data_time)
+        if self._training_start is not None and now > self._training_start[0]:
+            since, steps = self._training_start
+            summary["env_steps_per_s_training"] = (self.env_steps - steps) / (now - since)
+            summary["updates_per_s_training"] = self.updates / (now - since)
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -1,0 +1,124 @@
+"""Runs one node's role processes and takes them all down together.
+
+The node ends when its roles end. If one of them dies, the others are stopped and the node exits non-zero,
+naming the role and why. On SIGINT or SIGTERM every role is asked to stop (each then flushes what it holds), and
+whatever is still running after `grace_s` is killed, so nothing outlives the node.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import NamedTuple
+
+
+class RoleSpec(NamedTuple):
+    label: str          # e.g. "learner", "collector0"
+    argv: list[str]
+    finishes_run: bool  # its clean exit means the run is complete (the learner)
+
+
+class _Role:
+    def __init__(self, spec: RoleSpec, env: dict[str, str]):
+        self.spec = spec
+        self.tail: collections.deque[str] = collections.deque(maxlen=3)
+        self.process = subprocess.Popen(spec.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        text=True, bufsize=1, start_new_session=True, preexec_fn=_die_with_parent)
+        self._reader = threading.Thread(target=self._forward, daemon=True)
+        self._reader.start()
+
+    def _forward(self) -> None:
+        for line in self.process.stdout:
+            line = line.rstrip("\n")
+            if line.strip():
+                self.tail.append(line.strip())
+            sys.stdout.write((line if line.startswith("[") else f"[{self.spec.label}] {line}") + "\n")
+            sys.stdout.flush()
+
+    def why(self) -> str:
+        code = self.process.returncode
+        how = (f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}")
+        last = f": {self.tail[-1]}" if self.tail else ""
+        return how + last
+
+    def finish_output(self) -> None:
+        self._reader.join(timeout=2.0)
+
+
+def _die_with_parent() -> None:
+    """Children get SIGTERM if this process dies without cleaning up (Linux prctl PR_SET_PDEATHSIG)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def supervise(specs: list[RoleSpec], node: str, grace_s: float = 20.0) -> int:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    interrupted: list[int] = []
+
+    def on_signal(signum, _frame):
+        interrupted.append(signum)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    roles = [_Role(spec, env) for spec in specs]
+    failed: str | None = None
+    stop_deadline: float | None = None
+    try:
+        while any(r.process.poll() is None for r in roles):
+            time.sleep(0.1)
+            if stop_deadline is None:
+                for role in roles:
+                    code = role.process.returncode
+                    if code is not None and code != 0:
+                        role.finish_output()
+                        failed = f"{node}: {role.spec.label} died ({role.why()}); stopping the other roles"
+                        break
+                done = any(r.spec.finishes_run and r.process.returncode == 0 for r in roles)
+                if failed or interrupted or done:
+                    if failed:
+                        print(failed, file=sys.stderr, flush=True)
+                    elif interrupted:
+                        print(f"{node}: {signal.Signals(interrupted[0]).name}: stopping every role "
+                              f"(at most {grace_s:g} s)", file=sys.stderr, flush=True)
+                    # A finished run leaves the collectors to stop on the learner's word; otherwise ask them now.
+                    if failed or interrupted:
+                        _signal_all(roles, signal.SIGTERM)
+                    stop_deadline = time.monotonic() + grace_s
+            elif time.monotonic() > stop_deadline:
+                stuck = [r.spec.label for r in roles if r.process.poll() is None]
+                print(f"{node}: killing {', '.join(stuck)}, still running {grace_s:g} s after being asked to stop",
+                      file=sys.stderr, flush=True)
+                _signal_all(roles, signal.SIGKILL)
+                break
+    finally:
+        for role in roles:
+            if role.process.poll() is None:
+                role.process.kill()
+            role.process.wait()
+            role.finish_output()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if failed:
+        return 1
+    if interrupted:
+        return 128 + interrupted[0]
+    bad = [r for r in roles if r.process.returncode != 0]
+    for role in bad:
+        print(f"{node}: {role.spec.label} {role.why()}", file=sys.stderr, flush=True)
+    return 1 if bad else 0
+
+
+def _signal_all(roles: list[_Role], signum: int) -> None:
+    for role in roles:
+        if role.process.poll() is None:
+            try:
+                role.process.send_signal(signum)
+            except ProcessLookupError:
+                pass

@@ -1,0 +1,293 @@
+"""Chunks, acknowledgements, weights and the stop signal over torch.distributed.rpc (TensorPipe).
+
+Four plain module-level RPC functions carry everything; each routes to the one endpoint of its process:
+- collector -> learner `_submit_chunk(chunk)`: answered with an `Ack` only when the learner wants more data,
+  so a collector with `max_chunks_in_flight` unanswered chunks waits (this is the throttle);
+- learner -> collector `_receive_weights(weights)`: the newest weights replace any not yet adopted;
+- learner -> collector `_request_stop()`: the run is over.
+Every wait has a deadline. Shutdown follows an explicit stop: graceful (every process leaves together, so no
+pipe breaks under a peer) with a deadline when all peers are believed alive, local (`graceful=False`) when one is
+known to be gone, because a graceful shutdown with no deadline waits forever on a dead peer.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import queue
+import threading
+import time
+import warnings
+from typing import NamedTuple
+
+import torch
+import torch.distributed.rpc as rpc
+from torch.futures import Future
+
+from rl_dqn.config import Config
+from rl_dqn.types import Ack, Chunk, Weights
+
+LEARNER_RANK = 0
+SHUTDOWN_TIMEOUT_S = 10.0
+
+
+class TransportError(RuntimeError):
+    """The run cannot go on over this transport: a peer is gone, or the run could not be joined."""
+
+
+def worker_name(rank: int) -> str:
+    """RPC name of a rank: the learner is rank 0, collector i is rank i + 1."""
+    return "learner" if rank == LEARNER_RANK else f"collector{rank - 1}"
+
+
+def collector_rank(index: int) -> int:
+    return index + 1
+
+
+# The endpoint of this process; the RPC functions below run on RPC threads and route to it.
+_endpoint: LearnerTransport | CollectorTransport | None = None
+
+
+@rpc.functions.async_execution
+def _submit_chunk(chunk: Chunk) -> Future:
+    return _endpoint._on_chunk(chunk)
+
+
+def _receive_weights(weights: Weights) -> None:
+    _endpoint._on_weights(weights)
+
+
+def _request_stop() -> None:
+    _endpoint._on_stop()
+
+
+def _join(cfg: Config, rank: int) -> None:
+    """init_rpc for `rank`, with TensorPipe on the configured transports and interface."""
+    global _endpoint
+    if cfg.cluster.init_method == "":
+        raise TransportError("cluster.init_method is empty: give tcp://HOST:PORT (the learner's node) or env://")
+    if cfg.cluster.interface:
+        os.environ["TP_SOCKET_IFNAME"] = cfg.cluster.interface
+    options = rpc.TensorPipeRpcBackendOptions(
+        num_worker_threads=cfg.transport.worker_threads,
+        # The rendezvous waits this long for the other processes; calls use their own timeouts below.
+        rpc_timeout=cfg.cluster.join_timeout_s,
+        init_method=cfg.cluster.init_method,
+        _transports=list(cfg.transport.tensorpipe_transports),
+    )
+    try:
+        with warnings.catch_warnings():
+            # init_rpc itself uses a deprecated ProcessGroup call for its device-map exchange (torch 2.x).
+            warnings.filterwarnings("ignore", message="You are using a Backend")
+            rpc.init_rpc(worker_name(rank), rank=rank, world_size=cfg.world_size, rpc_backend_options=options)
+    except Exception as e:  # noqa: BLE001 - init_rpc raises RuntimeError, ValueError or socket errors
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise TransportError(f"could not join the run at {cfg.cluster.init_method} as rank {rank} of "
+                             f"{cfg.world_size} within cluster.join_timeout_s={cfg.cluster.join_timeout_s:g}: "
+                             f"{reason}") from None
+
+
+def _leave(graceful: bool) -> None:
+    global _endpoint
+    try:
+        if graceful:
+            # On a timeout torch logs the exception and still finishes the local shutdown; the caller only
+            # needs to know that it is over.
+            logging.getLogger("torch.distributed.rpc.api").setLevel(logging.CRITICAL)
+            rpc.shutdown(graceful=True, timeout=SHUTDOWN_TIMEOUT_S)
+        else:
+            rpc.shutdown(graceful=False)
+    except Exception:  # noqa: BLE001 - a peer that did not take part in the graceful shutdown in time
+        pass
+    finally:
+        _endpoint = None
+
+
+def _reason(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+# --------------------------------------------------------------------------------------------- learner side
+
+
+class Delivery(NamedTuple):
+    chunk: Chunk
+    ack: Future     # complete it (LearnerTransport.acknowledge) to let the collector send more
+
+
+class LearnerTransport:
+    """The learner's endpoint: receive chunks, acknowledge them when more data is wanted, publish weights
+    without waiting on a slow collector, stop the collectors at the end."""
+
+    def __init__(self, cfg: Config):
+        global _endpoint
+        self.cfg = cfg
+        self._inbox: queue.SimpleQueue[Delivery] = queue.SimpleQueue()
+        self._publishing: dict[str, Future] = {}
+        self.alive = {worker_name(collector_rank(i)) for i in range(cfg.num_collectors)}
+        self.lost: dict[str, str] = {}        # collector name -> why it was dropped
+        self._unanswered: set[Future] = set()  # every chunk's answer until it is sent, so stopping answers all
+        self._lock = threading.Lock()
+        self._closed = False
+        _endpoint = self
+        _join(cfg, LEARNER_RANK)
+
+    def _on_chunk(self, chunk: Chunk) -> Future:
+        ack = Future()
+        with self._lock:
+            if self._closed:
+                ack.set_result(Ack(0, stop=True))
+            else:
+                self._unanswered.add(ack)
+                self._inbox.put(Delivery(chunk, ack))
+        return ack
+
+    def receive(self, timeout: float) -> list[Delivery]:
+        """Everything that arrived, waiting up to `timeout` seconds for the first delivery."""
+        deliveries = []
+        try:
+            deliveries.append(self._inbox.get(timeout=timeout) if timeout > 0 else self._inbox.get_nowait())
+            while True:
+                deliveries.append(self._inbox.get_nowait())
+        except queue.Empty:
+            return deliveries
+
+    def acknowledge(self, delivery: Delivery, ack: Ack) -> None:
+        with self._lock:
+            if delivery.ack in self._unanswered:
+                self._unanswered.discard(delivery.ack)
+                delivery.ack.set_result(ack)
+
+    def _answer_all_with_stop(self) -> None:
+        with self._lock:
+            self._closed = True
+            for ack in self._unanswered:
+                ack.set_result(Ack(0, stop=True))
+            self._unanswered.clear()
+
+    def publish(self, weights: Weights) -> int:
+        """Sends `weights` to every live collector whose previous weights have arrived; a collector still busy
+        receiving skips this version and gets a newer one. Returns how many it was sent to."""
+        sent = 0
+        for name in sorted(self.alive):
+            previous = self._publishing.get(name)
+            if previous is not None:
+                if not previous.done():
+                    continue
+                self._check(name, previous)
+                if name not in self.alive:
+                    continue
+            self._publishing[name] = rpc.rpc_async(name, _receive_weights, args=(weights,),
+                                                   timeout=self.cfg.transport.rpc_timeout_s)
+            sent += 1
+        return sent
+
+    def _check(self, name: str, future: Future) -> None:
+        try:
+            future.wait()
+        except Exception as e:  # noqa: BLE001 - RPC errors arrive as RuntimeError
+            self.alive.discard(name)
+            self.lost[name] = _reason(e)
+
+    def stop_collectors(self, timeout: float) -> None:
+        """Tells every live collector that the run is over and answers every chunk still waiting."""
+        self._answer_all_with_stop()
+        futures = {name: rpc.rpc_async(name, _request_stop, timeout=timeout) for name in sorted(self.alive)}
+        for name, future in futures.items():
+            self._check(name, future)
+
+    def close(self) -> None:
+        self._answer_all_with_stop()
+        deadline = time.monotonic() + 5.0
+        for future in self._publishing.values():
+            while not future.done() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        _leave(graceful=not self.lost)
+
+
+# ------------------------------------------------------------------------------------------- collector side
+
+
+class CollectorTransport:
+    """A collector's endpoint: send chunks with at most `max_chunks_in_flight` unanswered, pick up the newest
+    weights, learn that the run is over."""
+
+    def __init__(self, cfg: Config, index: int):
+        global _endpoint
+        self.cfg = cfg
+        self._in_flight: collections.deque[Future] = collections.deque()
+        self._weights: Weights | None = None
+        self._weights_arrived = threading.Condition()
+        self._stop = threading.Event()
+        self._learner_lost = False
+        self.last_ack: Ack | None = None
+        _endpoint = self
+        _join(cfg, collector_rank(index))
+
+    def _on_weights(self, weights: Weights) -> None:
+        with self._weights_arrived:
+            if self._weights is None or weights.version > self._weights.version:
+                self._weights = weights
+            self._weights_arrived.notify_all()
+
+    def _on_stop(self) -> None:
+        self._stop.set()
+        with self._weights_arrived:
+            self._weights_arrived.notify_all()
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop.is_set()
+
+    def poll_weights(self) -> Weights | None:
+        """The newest weights not yet taken, or None."""
+        with self._weights_arrived:
+            weights, self._weights = self._weights, None
+        return weights
+
+    def wait_weights(self, timeout: float) -> Weights:
+        """Blocks until the learner's first weights arrive."""
+        deadline = time.monotonic() + timeout
+        with self._weights_arrived:
+            while self._weights is None and not self._stop.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TransportError(f"no weights from the learner within {timeout:g} s")
+                self._weights_arrived.wait(left)
+            weights, self._weights = self._weights, None
+        if weights is None:
+            raise TransportError("the run was stopped before the learner sent weights")
+        return weights
+
+    def send(self, chunk: Chunk) -> Ack | None:
+        """Sends a chunk; first waits for the oldest answer while `max_chunks_in_flight` are unanswered.
+        Returns the newest answer so far."""
+        self._in_flight.append(rpc.rpc_async(worker_name(LEARNER_RANK), _submit_chunk, args=(chunk,),
+                                             timeout=self.cfg.transport.rpc_timeout_s))
+        while self._in_flight and (self._in_flight[0].done() or
+                                   len(self._in_flight) > self.cfg.collectors.max_chunks_in_flight):
+            self._take_answer(self._in_flight.popleft())
+        return self.last_ack
+
+    def _take_answer(self, future: Future) -> None:
+        try:
+            ack = future.wait()
+        except Exception as e:  # noqa: BLE001 - RPC errors arrive as RuntimeError
+            self._learner_lost = True
+            if self._stop.is_set():
+                return
+            raise TransportError(f"learner unreachable: {_reason(e)}") from None
+        self.last_ack = ack
+        if ack.stop:
+            self._stop.set()
+
+    def close(self) -> None:
+        """Waits (bounded by the RPC timeout) for the answers to chunks in flight, then leaves."""
+        try:
+            while self._in_flight:
+                self._stop.set()   # errors from here on are the run ending, not a lost learner
+                self._take_answer(self._in_flight.popleft())
+        finally:
+            _leave(graceful=not self._learner_lost)
