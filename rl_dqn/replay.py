@@ -109,7 +109,8 @@ class ReplayMemory:
         # both stacks, since k+1 never starts one (such entries were not drawn). A reverse cumulative OR:
         starts = self.first[rows, positions[:, 1:S]]                       # [B, S-1]: ticks k-S+2 .. k
         earlier = starts.flip(1).cummax(1).values.flip(1)                  # [B, S-1]: ticks k-S+1 .. k-1
-        keep = torch.cat([~earlier, torch.ones_like(earlier[:, :1]).expand(-1, 2)], dim=1)  # [B, S+1]
+        keep = torch.ones(len(tick), S + 1, dtype=torch.bool, device=self.device)   # ticks k-S+1 .. k+1
+        keep[:, :S - 1] = ~earlier
         frames = frames * keep.view(*keep.shape, *([1] * (frames.dim() - 2)))
         obs, next_obs = frames[:, :S], frames[:, 1:]
         k = tick % self.lane_capacity

@@ -42,10 +42,11 @@ class _Role:
             sys.stdout.flush()
 
     def why(self) -> str:
+        """How the role ended; for an error exit, with its last line (a role's last line names its error)."""
         code = self.process.returncode
-        how = (f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}")
-        last = f": {self.tail[-1]}" if self.tail else ""
-        return how + last
+        if code < 0:
+            return f"killed by {signal.Signals(-code).name}"
+        return f"exited with code {code}" + (f": {self.tail[-1]}" if self.tail else "")
 
     def finish_output(self) -> None:
         self._reader.join(timeout=2.0)
@@ -71,7 +72,7 @@ def supervise(specs: list[RoleSpec], node: str, grace_s: float = 20.0) -> int:
     failed: str | None = None
     stop_deadline: float | None = None
     try:
-        while any(r.process.poll() is None for r in roles):
+        while [r.process.poll() for r in roles].count(None):   # poll every role: each poll updates its returncode
             time.sleep(0.1)
             if stop_deadline is None:
                 for role in roles:

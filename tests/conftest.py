@@ -1,0 +1,17 @@
+"""Shared test settings."""
+
+import pytest
+import torch
+
+# Tests run beside the processes they start; torch's default pool (one thread per core) in several processes on
+# 2 cores makes small ops 60-100x slower, so the test process keeps to one thread.
+torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="CUDA not available")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)

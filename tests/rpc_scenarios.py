@@ -1,0 +1,140 @@
+"""Process bodies for the transport contract tests (spawned processes import this module by name).
+
+Each process reports what it saw as (who, event, value) tuples on a shared queue; the tests read the order."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import torch
+
+from rl_dqn.config import load_config
+from rl_dqn.transport import CollectorTransport, LearnerTransport, TransportError
+from rl_dqn.types import Ack, Chunk, Weights
+
+ROOT = Path(__file__).resolve().parents[1]
+T, E = 4, 2
+
+
+def config(port: int, kind: str, world_size: int):
+    return load_config(ROOT / "configs/cartpole.yaml", [
+        "run.name=contract", f"transport.kind={kind}", f"cluster.init_method=tcp://127.0.0.1:{port}",
+        f"cluster.world_size={world_size}", f"collectors.count={world_size - 1}", "cluster.interface=lo",
+        f"collectors.chunk_steps={T}", f"env.envs_per_collector={E}", "collectors.max_chunks_in_flight=2",
+        "cluster.join_timeout_s=60", "transport.rpc_timeout_s=20"])
+
+
+def make_chunk(collector: int, seq: int) -> Chunk:
+    """Frames filled with a value that identifies the chunk."""
+    value = 100 * collector + seq
+    return Chunk(collector, seq, 0, torch.full((T, E, 4), float(value)), torch.zeros(T, E, dtype=torch.int64),
+                 torch.ones(T, E), torch.zeros(T, E, dtype=torch.bool), torch.zeros(T, E, dtype=torch.bool),
+                 torch.tensor([float(value)], dtype=torch.float64), torch.tensor([7]))
+
+
+def weights(version: int) -> Weights:
+    return Weights(version, {"w": torch.full((3,), float(version))})
+
+
+def _wait(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.01)
+
+
+# ------------------------------------------------------------------------------ the main contract scenario
+
+
+def contract_learner(port: int, kind: str, events) -> None:
+    cfg = config(port, kind, world_size=3)
+    transport = LearnerTransport(cfg)
+    try:
+        transport.publish(weights(0))
+        held = []
+
+        def take():
+            held.extend(transport.receive(timeout=0.05))
+            return held
+        # collector0 sends 3 chunks and then waits for the first answer; collector1 sends 2.
+        _wait(lambda: len(take()) >= 5, 30, "5 chunks")
+        time.sleep(1.0)
+        take()
+        events.put(("learner", "held", sorted((d.chunk.collector, d.chunk.seq) for d in held)))
+        for d in held:
+            expected = make_chunk(d.chunk.collector, d.chunk.seq)
+            intact = all(torch.equal(a, b) for a, b in zip(d.chunk[3:], expected[3:]))
+            events.put(("learner", "intact", (d.chunk.collector, d.chunk.seq, intact)))
+        first = next(d for d in held if d.chunk.collector == 0 and d.chunk.seq == 0)
+        transport.acknowledge(first, Ack(env_steps=123, stop=False))
+        _wait(lambda: any(d.chunk.seq == 3 for d in take()), 20, "collector0's fourth chunk")
+        events.put(("learner", "fourth chunk arrived", True))
+        for version in (1, 2):
+            events.put(("learner", f"published v{version} to", transport.publish(weights(version))))
+            time.sleep(0.5)
+        transport.stop_collectors(timeout=10)
+        events.put(("learner", "lost", dict(transport.lost)))
+    finally:
+        transport.close()
+
+
+def contract_collector(port: int, kind: str, index: int, events) -> None:
+    cfg = config(port, kind, world_size=3)
+    transport = CollectorTransport(cfg, index)
+    try:
+        first = transport.wait_weights(timeout=30)
+        events.put((f"collector{index}", "weights", first.version))
+        for seq in range(4 if index == 0 else 2):
+            ack = transport.send(make_chunk(index, seq))
+            events.put((f"collector{index}", "sent", seq))
+            if ack is not None:
+                events.put((f"collector{index}", "ack", tuple(ack)))
+        versions = []
+        deadline = time.monotonic() + 30
+        while not transport.stop_requested and time.monotonic() < deadline:
+            w = transport.poll_weights()
+            if w is not None:
+                versions.append(w.version)
+            time.sleep(0.01)
+        w = transport.poll_weights()   # collector0 was waiting on an answer while the weights arrived
+        if w is not None:
+            versions.append(w.version)
+        events.put((f"collector{index}", "versions", versions))
+        events.put((f"collector{index}", "stopped", transport.stop_requested))
+    finally:
+        transport.close()
+    events.put((f"collector{index}", "closed", True))
+
+
+# ------------------------------------------------------------------------------------- a learner that dies
+
+
+def dying_learner(port: int, kind: str, events) -> None:
+    cfg = config(port, kind, world_size=2)
+    transport = LearnerTransport(cfg)
+    transport.publish(weights(0))
+    _wait(lambda: transport.receive(timeout=0.05), 30, "a chunk")
+    events.put(("learner", "dying", time.monotonic()))
+    events.close()
+    events.join_thread()          # the event must leave before the process does
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def orphaned_collector(port: int, kind: str, events) -> None:
+    cfg = config(port, kind, world_size=2)
+    transport = CollectorTransport(cfg, 0)
+    transport.wait_weights(timeout=30)
+    try:
+        for seq in range(1000):
+            transport.send(make_chunk(0, seq))
+            time.sleep(0.05)
+        events.put(("collector0", "error", None))
+    except TransportError as e:
+        events.put(("collector0", "error", (str(e), time.monotonic())))
+    finally:
+        transport.close()
+    events.put(("collector0", "closed", True))

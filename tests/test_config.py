@@ -1,0 +1,108 @@
+"""Config: every shipped file loads, overrides convert to the field types, and bad input names its key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rl_dqn.config import ConfigError, load_config, save_config
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_shipped_configs_load(path):
+    cfg = load_config(path)
+    assert cfg.run.name.startswith(cfg.env.id.split("/")[-1].split("-")[0] + "__" + path.stem + "__s")
+
+
+def test_required_keys_exist_with_their_meaning():
+    cfg = load_config(ROOT / "configs/pong.yaml", ["run.name=x", "run.seed=3", "env.id=ALE/Breakout-v5",
+                                                   "collectors.count=3", "train.total_env_steps=1e6",
+                                                   "transport.kind=cpu"])
+    assert (cfg.run.name, cfg.run.seed, cfg.env.id, cfg.collectors.count) == ("x", 3, "ALE/Breakout-v5", 3)
+    assert cfg.train.total_env_steps == 1_000_000 and isinstance(cfg.train.total_env_steps, int)
+    assert cfg.transport.kind == "cpu"
+    assert cfg.world_size == 4   # a one-node run: learner + 3 collectors
+
+
+def test_overrides_convert_like_a_person_means_them(tmp_path):
+    # PyYAML reads 1e-4 as a string; the float field still gets a float.
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  lr: 1e-4\n  total_env_steps: 2_000_000\n")
+    cfg = load_config(path, ["train.gamma=0.5", "run.name=007", "transport.tensorpipe_transports=[uv, shm]",
+                             "env.terminal_on_life_loss=false"])
+    assert cfg.train.lr == pytest.approx(1e-4) and cfg.train.total_env_steps == 2_000_000
+    assert cfg.train.gamma == 0.5 and cfg.run.name == "007"
+    assert cfg.transport.tensorpipe_transports == ("uv", "shm") and cfg.env.terminal_on_life_loss is False
+
+
+@pytest.mark.parametrize("override, key, allowed", [
+    ("train.bach_size=32", "train.bach_size", "did you mean batch_size"),
+    ("trian.lr=1", "trian", "did you mean train"),
+    ("train.batch_size=abc", "train.batch_size", "must be an integer"),
+    ("train.batch_size=3.5", "train.batch_size", "must be an integer"),
+    ("train.lr=fast", "train.lr", "must be a number"),
+    ("train.gamma=1.5", "train.gamma", "[0, 1]"),
+    ("collectors.count=0", "collectors.count", ">= 1"),
+    ("transport.kind=tcp", "transport.kind", "one of cpu"),
+    ("transport.tensorpipe_transports=[carrier_pigeon]", "transport.tensorpipe_transports", "uv, shm, ibv"),
+    ("env.clip_rewards=maybe", "env.clip_rewards", "true or false"),
+    ("collectors.exploration=boltzmann", "collectors.exploration", "apex, linear"),
+    ("train.learning_starts=10", "train.learning_starts", ">= train.batch_size"),
+    ("train.replay_capacity=100", "train.replay_capacity", ">= train.learning_starts"),
+    ("learner.device=tpu", "learner.device", "auto, cpu, cuda or cuda:N"),
+    ("cluster.init_method=http://x", "cluster.init_method", "tcp://HOST:PORT or env://"),
+    ("run.name=../escape", "run.name", "folder name"),
+    ("lr=1", "lr=1", "section.key=value"),
+])
+def test_bad_values_name_their_key(override, key, allowed):
+    with pytest.raises(ConfigError) as error:
+        load_config(ROOT / "configs/smoke.yaml", [override])
+    assert error.value.key == key
+    assert str(error.value).startswith(f"{key}: ") and allowed in str(error.value)
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = load_config(ROOT / "configs/pong.yaml", ["run.name=rt", "train.lr=3e-4"])
+    save_config(cfg, tmp_path / "config.yaml")
+    again = load_config(tmp_path / "config.yaml")
+    assert again == cfg
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["train"]["lr"] == 3e-4
+
+
+def _cli(*args, env=None, timeout=60):
+    return subprocess.run([sys.executable, "-m", "rl_dqn", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+@pytest.mark.parametrize("args, key", [
+    (["local", "configs/smoke.yaml", "train.bach_size=3"], "train.bach_size"),
+    (["local", "configs/smoke.yaml", "env.id=ALE/Pongg-v5"], "env.id"),
+    (["local", "configs/smoke.yaml", "env.id=NoSuchEnv-v0"], "env.id"),
+    (["learner", "configs/smoke.yaml"], "cluster.init_method"),
+    (["collectors", "configs/smoke.yaml", "cluster.init_method=tcp://127.0.0.1:1", "cluster.world_size=3"],
+     "cluster.rank"),
+    (["local", "configs/no_such_file.yaml"], "config"),
+])
+def test_cli_refuses_bad_input_with_one_line_and_exit_2(args, key):
+    result = _cli(*args)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert lines[0].startswith(f"rl_dqn: config error: {key}: ")
+
+
+def test_launcher_script_refuses_bad_input_before_starting_anything(tmp_path):
+    import os
+    env = dict(os.environ, RL_DQN_PYTHON=sys.executable, RL_DQN_RUNS_DIR=str(tmp_path))
+    result = subprocess.run([str(ROOT / "launch/local.sh"), "configs/smoke.yaml", "collectors.count=-1"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "rl_dqn: config error: collectors.count: must be >= 1, got -1"
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,105 @@
+"""The learner in-process: ordered ingest, the replay ratio, updates that learn a known answer, checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from envs import EnvSpec
+from rl_dqn.config import load_config
+from rl_dqn.learner import Learner
+from rl_dqn.types import Chunk
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = EnvSpec((1, 4), torch.float32, 2)
+S0, S1, S2 = [1.0, 0, 0, 0], [0, 1.0, 0, 0], [0, 0, 1.0, 0]
+
+
+def chain_chunk(collector: int, seq: int, episodes: int, envs: int = 2) -> Chunk:
+    """Episodes of a two-step chain in every env: s0 -> s1 (reward 0), s1 -> s2 (reward 1, terminal), then the
+    env's reset step from the final observation s2. Whatever the action, Q(s1, .) = 1 and Q(s0, .) = gamma."""
+    frames = torch.tensor([S0, S1, S2] * episodes).view(3 * episodes, 1, 4).expand(-1, envs, -1).clone()
+    T = 3 * episodes
+    actions = torch.randint(2, (T, envs), generator=torch.Generator().manual_seed(seq))
+    rewards = torch.tensor([0.0, 1.0, 0.0] * episodes).view(T, 1).expand(-1, envs).clone()
+    terminated = torch.tensor([False, True, False] * episodes).view(T, 1).expand(-1, envs).clone()
+    first = torch.tensor([True, False, False] * episodes).view(T, 1).expand(-1, envs).clone()
+    return Chunk(collector, seq, 0, frames, actions, rewards, terminated, first,
+                 torch.ones(episodes * envs, dtype=torch.float64), torch.full((episodes * envs,), 2))
+
+
+def make_learner(tmp_path, *overrides) -> Learner:
+    cfg = load_config(ROOT / "configs/cartpole.yaml", [
+        "run.name=t", "collectors.count=2", "env.envs_per_collector=2", "collectors.chunk_steps=30",
+        "train.replay_capacity=1200", "train.learning_starts=64", "train.batch_size=32", "train.gamma=0.9",
+        "train.lr=0.001", "train.target_update_updates=20", "learner.publish_every_updates=1000000",
+        "learner.checkpoint_every_updates=1000000", *overrides])
+    return Learner(cfg, SPEC, tmp_path)
+
+
+def test_chunks_enter_replay_in_each_collectors_order(tmp_path):
+    learner = make_learner(tmp_path)
+    later, earlier = chain_chunk(1, seq=1, episodes=10), chain_chunk(1, seq=0, episodes=10)
+    earlier.frames[:, :, 3] = 7.0      # mark the first chunk's frames
+    learner.ingest(later)
+    assert learner.env_steps == 0 and len(learner.replay) == 0      # held until seq 0 arrives
+    learner.ingest(earlier)
+    assert learner.env_steps == 120
+    lanes = learner.replay.frames[2:4]                               # collector 1 owns lanes 2 and 3
+    assert (lanes[:, :30, 3] == 7.0).all() and (lanes[:, 30:60, 3] == 0.0).all()
+    assert learner.replay.written.tolist() == [0, 0, 60, 60]
+
+
+def test_replay_ratio_is_held(tmp_path):
+    learner = make_learner(tmp_path, "train.replay_ratio=2")
+    learner.ingest(chain_chunk(0, 0, episodes=10))                   # 60 env steps: before learning_starts
+    assert not learner.wants_update()
+    for seq in (1, 2, 3):
+        learner.ingest(chain_chunk(0, seq, episodes=10))             # 240 env steps in all
+    while learner.wants_update():
+        learner.step()
+    assert learner.updates == 2 * (240 - 64) // 32                   # gradient samples = ratio x env steps
+
+
+def test_updates_learn_the_chain_values(tmp_path):
+    learner = make_learner(tmp_path)
+    for seq in range(4):
+        learner.ingest(chain_chunk(seq % 2, seq // 2, episodes=10))
+    for _ in range(600):
+        learner.step()
+    with torch.no_grad():
+        q = learner.network(torch.tensor([[S0], [S1]]))
+    assert q[1].tolist() == pytest.approx([1.0, 1.0], abs=0.05)
+    assert q[0].tolist() == pytest.approx([0.9, 0.9], abs=0.05)     # gamma x Q(s1): it bootstraps
+    assert learner.updates == 600
+
+
+def test_target_network_follows_every_target_update_updates(tmp_path):
+    learner = make_learner(tmp_path)
+    learner.ingest(chain_chunk(0, 0, episodes=30))
+    for _ in range(19):
+        learner.step()
+    online, target = learner.network.state_dict(), learner.target.state_dict()
+    assert any(not torch.equal(online[k], target[k]) for k in online)
+    learner.step()
+    assert all(torch.equal(online[k], learner.target.state_dict()[k]) for k in online)
+
+
+def test_checkpoints_are_complete_and_pruned(tmp_path):
+    learner = make_learner(tmp_path, "learner.keep_checkpoints=2")
+    learner.ingest(chain_chunk(0, 0, episodes=30))
+    paths = []
+    for _ in range(3):
+        learner.step()
+        paths.append(learner.save_checkpoint())
+    folder = tmp_path / "checkpoints"
+    assert sorted(folder.iterdir()) == paths[1:]                     # newest two, no partial files
+    state = torch.load(paths[-1], weights_only=True)
+    assert state["counters"] == {"env_steps": 180, "updates": 3, "weights_version": 0}
+    assert set(state) >= {"network", "target", "optimizer", "config"}
+    fresh = make_learner(tmp_path / "again")
+    fresh.network.load_state_dict(state["network"])
+    fresh.optimizer.load_state_dict(state["optimizer"])
+    assert all(torch.equal(a, b) for a, b in zip(fresh.network.parameters(), learner.network.parameters()))

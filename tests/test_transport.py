@@ -1,0 +1,85 @@
+"""Transport contract: the same scenarios run over every transport kind, with real processes and real RPC."""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import socket
+import time
+
+import pytest
+
+import rpc_scenarios
+
+KINDS = [pytest.param("cpu", id="cpu")]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_processes(targets, timeout: float = 60.0) -> list[tuple]:
+    """Runs each (function, args) in a spawned process; returns every event they reported, in order."""
+    context = multiprocessing.get_context("spawn")
+    events = context.Queue()
+    processes = [context.Process(target=f, args=(*args, events)) for f, args in targets]
+    for p in processes:
+        p.start()
+    deadline = time.monotonic() + timeout
+    for p in processes:
+        p.join(max(deadline - time.monotonic(), 0.1))
+    alive = [p for p in processes if p.is_alive()]
+    for p in alive:
+        p.kill()
+    reported = []
+    while True:
+        try:
+            reported.append(events.get(timeout=0.5))
+        except queue.Empty:
+            break
+    assert not alive, f"processes still running after {timeout} s; events: {reported}"
+    return reported
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_chunks_answers_throttle_weights_and_stop(kind):
+    port = free_port()
+    events = run_processes([(rpc_scenarios.contract_learner, (port, kind)),
+                            (rpc_scenarios.contract_collector, (port, kind, 0)),
+                            (rpc_scenarios.contract_collector, (port, kind, 1))])
+    by = {(who, what): value for who, what, value in events}
+    order = [(who, what, value) for who, what, value in events]
+    # Both collectors start from the learner's first weights.
+    assert by[("collector0", "weights")] == 0 and by[("collector1", "weights")] == 0
+    # Every chunk arrives intact, from both collectors; collector0 stops after 3 unanswered chunks
+    # (2 in flight, the third waits for the first answer).
+    assert by[("learner", "held")] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
+    assert all(intact for who, what, (_, _, intact) in
+               [(w, e, v) for w, e, v in events if e == "intact"]), events
+    third_sent = order.index(("collector0", "sent", 2))
+    held = next(i for i, (who, what, _) in enumerate(order) if what == "held")
+    assert held < third_sent, "collector0's third send returned before the learner answered a chunk"
+    acks = [value for who, what, value in events if (who, what) == ("collector0", "ack")]
+    assert acks[0] == (123, False) and acks[-1] == (0, True)   # the learner's answer, then its stop
+    assert by[("learner", "fourth chunk arrived")]
+    # Newer weights reach both collectors and replace older ones; stop reaches both; nobody was lost.
+    assert by[("learner", "published v1 to")] == 2 and by[("learner", "published v2 to")] == 2
+    for i in (0, 1):
+        versions = by[(f"collector{i}", "versions")]
+        assert versions and versions[-1] == 2 and versions == sorted(versions)
+        assert by[(f"collector{i}", "stopped")] and by[(f"collector{i}", "closed")]
+    assert by[("learner", "lost")] == {}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_collector_notices_a_dead_learner(kind):
+    port = free_port()
+    events = run_processes([(rpc_scenarios.dying_learner, (port, kind)),
+                            (rpc_scenarios.orphaned_collector, (port, kind))])
+    by = {(who, what): value for who, what, value in events}
+    message, noticed = by[("collector0", "error")]
+    assert message.startswith("learner unreachable")
+    assert noticed - by[("learner", "dying")] < 10.0
+    assert by[("collector0", "closed")]
