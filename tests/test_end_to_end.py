@@ -89,14 +89,19 @@ def test_smoke_run_end_to_end(runs):
     assert not processes_of("smoke")
 
 
-def test_two_node_commands(runs):
-    """The multi-node launchers on one machine: a learner node and a collector node of 2 collectors."""
+def test_two_node_commands(runs, monkeypatch):
+    """The multi-node launchers on one machine: a learner node (tcp://) and a collector node of 2 collectors
+    (env://, torchrun-style MASTER_ADDR and MASTER_PORT)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cluster = [f"cluster.init_method=tcp://127.0.0.1:{port}", "cluster.world_size=3", "cluster.interface=lo"]
-    learner = launch("learner.sh", "configs/smoke.yaml", "run.name=nodes", *cluster)
-    collectors = launch("collector.sh", "configs/smoke.yaml", "run.name=nodes", *cluster, "cluster.rank=1")
+    cluster = ["cluster.world_size=3", "cluster.interface=lo"]
+    learner = launch("learner.sh", "configs/smoke.yaml", "run.name=nodes",
+                     f"cluster.init_method=tcp://127.0.0.1:{port}", *cluster)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    collectors = launch("collector.sh", "configs/smoke.yaml", "run.name=nodes", "cluster.init_method=env://",
+                        *cluster, "cluster.rank=1")
     code, output = finish(learner, timeout=120)
     assert code == 0, output[-3000:]
     code, output = finish(collectors, timeout=30)

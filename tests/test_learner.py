@@ -63,14 +63,17 @@ def test_replay_ratio_is_held(tmp_path):
     assert learner.updates == 2 * (240 - 64) // 32                   # gradient samples = ratio x env steps
 
 
-def test_updates_learn_the_chain_values(tmp_path):
-    learner = make_learner(tmp_path)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_updates_learn_the_chain_values(tmp_path, device):
+    learner = make_learner(tmp_path, f"learner.device={device}")
+    assert next(learner.network.parameters()).device.type == device
     for seq in range(4):
         learner.ingest(chain_chunk(seq % 2, seq // 2, episodes=10))
     for _ in range(600):
         learner.step()
+    assert learner.weights().state["head.weight"].device.type == "cpu"   # what collectors receive
     with torch.no_grad():
-        q = learner.network(torch.tensor([[S0], [S1]]))
+        q = learner.network(torch.tensor([[S0], [S1]], device=device)).cpu()
     assert q[1].tolist() == pytest.approx([1.0, 1.0], abs=0.05)
     assert q[0].tolist() == pytest.approx([0.9, 0.9], abs=0.05)     # gamma x Q(s1): it bootstraps
     assert learner.updates == 600

@@ -1,0 +1,65 @@
+"""Memory and speed of the replay memory at full scale: 1M Atari transitions.
+
+    python benchmarks/replay_memory.py [--transitions 1000000]
+
+Fills the replay with chunks of configs/pong.yaml's shape (2 collectors x 8 envs, 32 steps) and prints the
+resident memory the process gained, per transition, plus the time to insert a chunk and to sample a batch.
+Needs about 8 GB of free memory at the default size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rl_dqn.replay import ReplayMemory  # noqa: E402
+from rl_dqn.types import Chunk  # noqa: E402
+
+
+def resident_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--transitions", type=int, default=1_000_000)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    collectors, E, T = 2, 8, 32
+    before = resident_bytes()
+    replay = ReplayMemory(args.transitions, collectors * E, (84, 84), torch.uint8, frame_stack=4)
+    generator = torch.Generator().manual_seed(0)
+    frames = torch.randint(0, 255, (T, E, 84, 84), dtype=torch.uint8, generator=generator)
+    chunk = Chunk(0, 0, 0, frames, torch.randint(0, 6, (T, E)), torch.randn(T, E),
+                  torch.rand(T, E) < 0.01, torch.rand(T, E) < 0.001, torch.zeros(0, dtype=torch.float64),
+                  torch.zeros(0, dtype=torch.int64))
+    inserts, started = 0, time.perf_counter()
+    while int(replay.written.sum()) < args.transitions:
+        replay.extend((inserts % collectors) * E, chunk)
+        inserts += 1
+    insert_ms = (time.perf_counter() - started) / inserts * 1e3
+    gained = resident_bytes() - before
+    stored = int(replay.written.sum())
+    print(f"replay of {args.transitions:,} transitions, {stored:,} written: resident memory +{gained / 1e9:.2f} GB, "
+          f"{gained / stored:,.0f} bytes per transition (one 84x84 frame is 7,056)")
+    print(f"insert a chunk of {T * E} transitions: {insert_ms:.2f} ms")
+    for batch in (32, 256):
+        replay.sample(batch, generator)
+        n, started = 200, time.perf_counter()
+        for _ in range(n):
+            replay.sample(batch, generator)
+        print(f"sample a batch of {batch} with stacks rebuilt: {(time.perf_counter() - started) / n * 1e3:.2f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+"""The agent learns: CartPole-v1 through the distributed pipeline (learner + 2 collectors over RPC)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rl_dqn.evaluate import evaluate, latest_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_cartpole_reaches_195_within_5_minutes(tmp_path, monkeypatch):
+    monkeypatch.setenv("RL_DQN_RUNS_DIR", str(tmp_path))
+    monkeypatch.setenv("RL_DQN_PYTHON", sys.executable)
+    started = time.monotonic()
+    result = subprocess.run([str(ROOT / "launch/local.sh"), "configs/cartpole.yaml", "run.name=learn"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    scores = evaluate(latest_checkpoint(tmp_path / "learn"), episodes=20, epsilon=0.0)
+    elapsed = time.monotonic() - started
+    mean = sum(scores) / len(scores)
+    print(f"CartPole: mean greedy return {mean:.1f} over 20 episodes, {elapsed:.0f} s from launch to evaluation")
+    assert len(scores) == 20 and mean >= 195, scores
+    assert elapsed < 300
