@@ -9,6 +9,13 @@ Prints, for configs/pong.yaml's collector (8 Pong envs, 1 env thread, 1 torch th
   the pipeline while training at 8 gradient samples per env step, learner on 1 and on 2 torch threads;
   learner updates/s on its own (batch 32 from a filled replay), on 1 and 2 torch threads.
 Rates are ratios to the raw env rate measured in the same run, because these machines are noisy.
+
+With `--cleanrl PATH/dqn_atari.py [--cleanrl-python PYTHON]` it also runs CleanRL's single-process DQN on Pong
+(PongNoFrameskip-v4, its own defaults otherwise) in the same session, with the same learning start and length as
+the training pipeline, and reads its rates from the cumulative `SPS:` line it prints every 100 steps once learning
+has started. CleanRL is not part of this repository: its script (github.com/vwxyzjn/cleanrl, cleanrl/dqn_atari.py)
+needs an environment with stable-baselines3, and under gymnasium 1.x the renamed wrappers
+(GrayscaleObservation, FrameStackObservation), ALE registration and same-step autoreset.
 """
 
 from __future__ import annotations
@@ -121,6 +128,22 @@ def pipeline(overrides: list[str], key: str, timeout: float = 900) -> dict:
     return summary
 
 
+def cleanrl(python: str, script: str, learning_starts: int, train_env_steps: int) -> tuple[float, float]:
+    """CleanRL's dqn_atari.py on Pong: env steps/s before learning starts and while learning."""
+    result = subprocess.run([python, script, "--env-id", "PongNoFrameskip-v4", "--total-timesteps",
+                             str(learning_starts + train_env_steps), "--learning-starts", str(learning_starts),
+                             "--buffer-size", "100000", "--no-track", "--no-capture-video"],
+                            cwd=Path(script).parent, env=dict(os.environ, PYTHONUNBUFFERED="1"), capture_output=True,
+                            text=True, timeout=3600)
+    # "SPS: <global_step / elapsed>" at global steps learning_starts, +100, +200, ...
+    sps = [int(line.split()[1]) for line in result.stdout.splitlines() if line.startswith("SPS:")]
+    if result.returncode != 0 or len(sps) < 2:
+        raise RuntimeError(f"CleanRL run failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+    steps = [learning_starts + 100 * i for i in range(len(sps))]
+    elapsed = [step / rate for step, rate in zip(steps, sps)]
+    return steps[0] / elapsed[0], (steps[-1] - steps[0]) / (elapsed[-1] - elapsed[0])
+
+
 def learner_updates(cfg, threads: int, seconds: float) -> float:
     """Learner.step() alone: batch 32 from a replay filled with Pong frames."""
     from envs import describe_env
@@ -146,6 +169,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="seconds per in-process measurement")
     parser.add_argument("--train-env-steps", type=int, default=8000,
                         help="env steps the training pipeline runs after learning starts")
+    parser.add_argument("--cleanrl", metavar="DQN_ATARI_PY", help="CleanRL's dqn_atari.py, to run side by side")
+    parser.add_argument("--cleanrl-python", default=sys.executable, help="the interpreter for --cleanrl")
     args = parser.parse_args()
     cfg = load_config(CONFIG, ["run.name=bench"])
     print(f"rl_dqn throughput on {os.cpu_count()} CPU cores, torch {torch.__version__}, {cfg.env.id}, "
@@ -168,6 +193,10 @@ def main() -> None:
                      "env_steps_per_s")
         report(f"pipeline, {count} collector(s) over CPU RPC, learner not training", s["rate"], base=raw)
     start = 5000
+    if args.cleanrl:
+        before, learning = cleanrl(args.cleanrl_python, args.cleanrl, start, args.train_env_steps)
+        report("CleanRL dqn_atari.py (one process) before learning starts", before, base=raw)
+        report("CleanRL dqn_atari.py while learning (batch 32 every 4 steps)", learning, base=raw)
     for threads in (1, 2):
         s = pipeline([f"learner.torch_threads={threads}", f"train.learning_starts={start}",
                       f"train.total_env_steps={start + args.train_env_steps}"], "env_steps_per_s_training")

@@ -154,10 +154,6 @@ class Learner:
         self._stat_updates += 1
         if self.updates % t.target_update_updates == 0:
             self.target.load_state_dict(self.network.state_dict())
-        if self.updates % self.cfg.learner.publish_every_updates == 0:
-            self.publish()
-        if self.updates % self.cfg.learner.checkpoint_every_updates == 0:
-            self.save_checkpoint()
 
     def weights(self) -> Weights:
         """A snapshot of the online network, detached from the copy that keeps training."""
@@ -195,7 +191,7 @@ class Learner:
                     self._waiting.append(delivery)
                 self._release_answers()
                 if self.wants_update():
-                    self.step()
+                    self._train_one()
                 elif not self._waiting and now - last_data > self.cfg.transport.rpc_timeout_s:
                     raise TransportError(f"no data from any collector for {self.cfg.transport.rpc_timeout_s:g} s "
                                          f"(transport.rpc_timeout_s)")
@@ -205,8 +201,19 @@ class Learner:
                 if now - last_log >= self.cfg.metrics.interval_s:
                     last_log = now
                     self.log()
+            # The collectors have reached the total and wait for answers that stay withheld: train what the replay
+            # ratio still asks for, so that a run of N env steps gets the same updates on any hardware.
+            while not self.stop.is_set() and self.wants_update():
+                self._train_one()
         finally:
             self.close()
+
+    def _train_one(self) -> None:
+        self.step()
+        if self.updates % self.cfg.learner.publish_every_updates == 0:
+            self.publish()
+        if self.updates % self.cfg.learner.checkpoint_every_updates == 0:
+            self.save_checkpoint()
 
     def close(self) -> None:
         """Final checkpoint, metrics and summary, then stop the collectors and leave. Safe to call twice."""

@@ -72,6 +72,8 @@ def test_smoke_run_end_to_end(runs):
     run_dir = runs / "smoke"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["env_steps"] >= 4000 and summary["updates"] > 0
+    # The replay ratio holds for the whole run: 2 samples per env step after 1,000, in batches of 32.
+    assert summary["updates"] == 2 * (summary["env_steps"] - 1000) // 32
     for name in ("collector0", "collector1"):
         c = summary["collectors"][name]
         assert c["chunks"] > 0 and c["env_steps"] > 0, f"no data from {name}"

@@ -34,8 +34,7 @@ def make_learner(tmp_path, *overrides) -> Learner:
     cfg = load_config(ROOT / "configs/cartpole.yaml", [
         "run.name=t", "collectors.count=2", "env.envs_per_collector=2", "collectors.chunk_steps=30",
         "train.replay_capacity=1200", "train.learning_starts=64", "train.batch_size=32", "train.gamma=0.9",
-        "train.lr=0.001", "train.target_update_updates=20", "learner.publish_every_updates=1000000",
-        "learner.checkpoint_every_updates=1000000", *overrides])
+        "train.lr=0.001", "train.target_update_updates=20", *overrides])
     return Learner(cfg, SPEC, tmp_path)
 
 
