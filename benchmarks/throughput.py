@@ -201,7 +201,7 @@ def main() -> None:
         s = pipeline([f"learner.torch_threads={threads}", f"train.learning_starts={start}",
                       f"train.total_env_steps={start + args.train_env_steps}"], "env_steps_per_s_training")
         report(f"pipeline training at replay ratio 8, learner {threads} thread(s)", s["rate"], base=raw)
-        report(f"  ... its learner updates/s (batch 32)", s["updates_per_s_training"], "updates/s")
+        report("  ... its learner updates/s (batch 32)", s["updates_per_s_training"], "updates/s")
     for threads in (1, 2):
         report(f"learner alone, {threads} torch thread(s), batch 32", learner_updates(cfg, threads, args.seconds),
                "updates/s")

@@ -10,7 +10,6 @@ Bad input exits with code 2 and one line naming the problem; a role that fails e
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import signal
 import socket
@@ -83,7 +82,7 @@ def _local(cfg: Config, args) -> int:
     _check_new_run(cfg)
     init_method = cfg.cluster.init_method or f"tcp://127.0.0.1:{_free_port()}"
     common = [*args.overrides, f"run.name={cfg.run.name}", f"cluster.init_method={init_method}",
-              f"cluster.world_size={1 + cfg.collectors.count}", "cluster.interface=" + (cfg.cluster.interface or "lo")]
+              f"cluster.world_size={1 + cfg.collectors.count}", f"cluster.interface={cfg.cluster.interface or 'lo'}"]
     here = [sys.executable, "-m", "rl_dqn"]
     specs = [RoleSpec("learner", [*here, "learner", args.config, *common], finishes_run=True)]
     specs += [RoleSpec(f"collector{i}", [*here, "collector", args.config, *common, "cluster.rank=1",
@@ -102,7 +101,8 @@ def _collectors(cfg: Config, args) -> int:
     specs = [RoleSpec(f"collector{cfg.cluster.rank - 1 + i}",
                       [*here, "collector", args.config, *args.overrides, f"--local-index={i}"], finishes_run=False)
              for i in range(cfg.collectors.count)]
-    return supervise(specs, node=f"collectors (ranks {cfg.cluster.rank}..{cfg.cluster.rank + cfg.collectors.count - 1})")
+    last = cfg.cluster.rank + cfg.collectors.count - 1
+    return supervise(specs, node=f"collectors (ranks {cfg.cluster.rank}..{last})")
 
 
 def _require_cluster(cfg: Config, collector_node: bool) -> None:
@@ -126,7 +126,7 @@ def _free_port() -> int:
 # ----------------------------------------------------------------------------------------------- roles
 
 
-def _stop_on_signals(role: str) -> threading.Event:
+def _stop_on_signals() -> threading.Event:
     """SIGINT and SIGTERM ask the role to stop and flush; a third signal ends the process at once."""
     stop = threading.Event()
     received = []
@@ -155,7 +155,7 @@ def _learner(cfg: Config, args) -> int:
         _require_cluster(cfg, collector_node=False)
     spec = _check_env(cfg)
     _check_new_run(cfg)
-    stop = _stop_on_signals("learner")
+    stop = _stop_on_signals()
     torch.set_num_threads(cfg.learner.torch_threads or os.cpu_count() or 1)
     folder = run_dir(cfg)
     folder.mkdir(parents=True, exist_ok=True)
@@ -182,7 +182,7 @@ def _collector(cfg: Config, args) -> int:
         raise ConfigError("cluster.init_method", "must be set: tcp://LEARNER_HOST:PORT or env://")
     _check_env(cfg)
     name = f"collector{rank - 1}"
-    stop = _stop_on_signals(name)
+    stop = _stop_on_signals()
     transport = None
     try:
         transport = CollectorTransport(cfg, rank - 1)

@@ -60,9 +60,10 @@ class ChunkBuilder:
             self._lengths[ended] = 0
 
     def take(self, collector: int, seq: int, weights_version: int) -> Chunk:
+        returns = torch.cat(self._ended_returns) if self._ended_returns else torch.zeros(0, dtype=torch.float64)
+        lengths = torch.cat(self._ended_lengths) if self._ended_lengths else torch.zeros(0, dtype=torch.int64)
         chunk = Chunk(collector, seq, weights_version, self.frames, self.actions, self.rewards, self.terminated,
-                      self.first, torch.cat(self._ended_returns) if self._ended_returns else torch.zeros(0, dtype=torch.float64),
-                      torch.cat(self._ended_lengths) if self._ended_lengths else torch.zeros(0, dtype=torch.int64))
+                      self.first, returns, lengths)
         self._ended_returns, self._ended_lengths = [], []
         self.t = 0
         self._allocate()

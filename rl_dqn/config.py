@@ -127,7 +127,8 @@ class CollectorsConfig:
         _require(self.chunk_steps >= 1, "collectors.chunk_steps", f"must be >= 1, got {self.chunk_steps}")
         _require(self.max_chunks_in_flight >= 1, "collectors.max_chunks_in_flight",
                  f"must be >= 1, got {self.max_chunks_in_flight}")
-        _require(0.0 < self.apex_epsilon <= 1.0, "collectors.apex_epsilon", f"must be in (0, 1], got {self.apex_epsilon}")
+        _require(0.0 < self.apex_epsilon <= 1.0, "collectors.apex_epsilon",
+                 f"must be in (0, 1], got {self.apex_epsilon}")
         _require(self.apex_alpha >= 0.0, "collectors.apex_alpha", f"must be >= 0, got {self.apex_alpha}")
         for key in ("epsilon_start", "epsilon_end"):
             value = getattr(self, key)
@@ -216,9 +217,10 @@ class TransportConfig:
     """threads serving incoming RPCs in each process"""
 
     def __post_init__(self):
-        _require(len(self.tensorpipe_transports) >= 1 and set(self.tensorpipe_transports) <= set(TENSORPIPE_TRANSPORTS),
+        transports = self.tensorpipe_transports
+        _require(len(transports) >= 1 and set(transports) <= set(TENSORPIPE_TRANSPORTS),
                  "transport.tensorpipe_transports",
-                 f"must be a non-empty list of {', '.join(TENSORPIPE_TRANSPORTS)}, got {list(self.tensorpipe_transports)}")
+                 f"must be a non-empty list of {', '.join(TENSORPIPE_TRANSPORTS)}, got {list(transports)}")
         _require(self.rpc_timeout_s > 0, "transport.rpc_timeout_s", f"must be > 0, got {self.rpc_timeout_s}")
         _require(self.worker_threads >= 2, "transport.worker_threads", f"must be >= 2, got {self.worker_threads}")
 
@@ -274,9 +276,10 @@ class Config:
         _require(self.cluster.rank < world_size, "cluster.rank",
                  f"must be < cluster.world_size ({world_size}), got {self.cluster.rank}")
         if self.cluster.rank > 0:
-            _require(self.cluster.rank + self.collectors.count <= world_size, "cluster.rank",
-                     f"this node's collectors take ranks {self.cluster.rank}..{self.cluster.rank + self.collectors.count - 1}, "
-                     f"beyond cluster.world_size {world_size}; lower collectors.count or raise cluster.world_size")
+            last = self.cluster.rank + self.collectors.count - 1
+            _require(last < world_size, "cluster.rank",
+                     f"this node's collectors take ranks {self.cluster.rank}..{last}, beyond cluster.world_size "
+                     f"{world_size}; lower collectors.count or raise cluster.world_size")
         lane_steps = self.train.replay_capacity // self.num_envs
         need = 2 * self.collectors.chunk_steps + self.env.frame_stack + 1
         _require(lane_steps >= need, "train.replay_capacity",

@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     mean = sum(scores) / len(scores)
     std = (sum((s - mean) ** 2 for s in scores) / len(scores)) ** 0.5
-    print(f"{checkpoint}: {len(scores)} episodes, score {mean:.2f} +- {std:.2f} (min {min(scores):g}, max {max(scores):g})")
+    print(f"{checkpoint}: {len(scores)} episodes, score {mean:.2f} +- {std:.2f} "
+          f"(min {min(scores):g}, max {max(scores):g})")
     return 0
 
 

@@ -21,7 +21,6 @@ import time
 import warnings
 from typing import NamedTuple
 
-import torch
 import torch.distributed.rpc as rpc
 from torch.futures import Future
 
@@ -64,7 +63,6 @@ def _request_stop() -> None:
 
 def _join(cfg: Config, rank: int) -> None:
     """init_rpc for `rank`, with TensorPipe on the configured transports and interface."""
-    global _endpoint
     if cfg.cluster.init_method == "":
         raise TransportError("cluster.init_method is empty: give tcp://HOST:PORT (the learner's node) or env://")
     if cfg.cluster.interface:
