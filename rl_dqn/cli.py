@@ -166,7 +166,8 @@ def _learner(cfg: Config, args) -> int:
     except TransportError as e:
         learner.close()
         return _role_error("learner", str(e))
-    print(f"[learner] done: {learner.env_steps:,} env steps, {learner.updates:,} updates; "
+    how = "stopped on a signal" if stop.is_set() else "done"
+    print(f"[learner] {how}: {learner.env_steps:,} env steps, {learner.updates:,} updates; "
           f"checkpoints, TensorBoard events and summary.json in {folder}", flush=True)
     return 0
 
