@@ -80,20 +80,31 @@ def _gym_spec(env_id: str) -> gym.envs.registration.EnvSpec:
 def describe_env(cfg: EnvConfig) -> EnvSpec:
     """Observation shape, dtype and action count of `cfg.id`, checked without stepping it."""
     spec = _gym_spec(cfg.id)
-    if cfg.is_atari:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            env = gym.make(cfg.id)
-        num_actions = env.action_space.n
-        env.close()
-        return EnvSpec((cfg.frame_stack, 84, 84), torch.uint8, num_actions)
-    env = gym.make(spec)
+    if str(spec.entry_point).startswith("ale_py"):
+        if not cfg.is_atari or spec.version != 5:
+            raise EnvError(f"{cfg.id}: give Atari games as ALE/<Game>-v5 (frame skip, sticky actions and the "
+                           f"time limit come from env.frame_skip, env.sticky_action_prob and env.max_episode_frames)")
+        if spec.kwargs.get("obs_type", "rgb") != "rgb":
+            raise EnvError(f"{cfg.id}: only screen observations are supported, not {spec.kwargs['obs_type']}")
+    env = _make(cfg.id)
     space, actions = env.observation_space, env.action_space
     env.close()
-    if not isinstance(actions, gym.spaces.Discrete) or not isinstance(space, gym.spaces.Box):
-        raise EnvError(f"{cfg.id} must have a Box observation space and Discrete actions for DQN; "
-                       f"it has {space} and {actions}")
+    if not isinstance(actions, gym.spaces.Discrete):
+        raise EnvError(f"{cfg.id} has {actions} actions; DQN needs Discrete ones")
+    if cfg.is_atari:
+        return EnvSpec((cfg.frame_stack, 84, 84), torch.uint8, int(actions.n))
+    if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
+        raise EnvError(f"{cfg.id} observes {space}; non-Atari envs need a flat Box observation (a vector)")
     return EnvSpec((1, *space.shape), torch.float32, int(actions.n))
+
+
+def _make(env_id: str) -> gym.Env:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return gym.make(env_id)
+    except Exception as e:  # noqa: BLE001 - a missing optional dependency, a broken registration
+        raise EnvError(f"{env_id} cannot be created here: {str(e).strip().splitlines()[0]}") from None
 
 
 def make_vector_env(cfg: EnvConfig, num_envs: int, seed: int) -> VectorEnv:

@@ -63,10 +63,19 @@ def _check_env(cfg: Config):
         raise ConfigError("env.id", str(e)) from None
 
 
-def _check_new_run(cfg: Config) -> None:
+def _make_run_dir(cfg: Config) -> Path:
+    """Creates runs/<run.name>/, which must be new or empty and writable."""
     folder = run_dir(cfg)
     if folder.exists() and any(folder.iterdir()):
         raise ConfigError("run.name", f"{folder} already holds a run; choose another run.name")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / ".write-check").touch()
+        (folder / ".write-check").unlink()
+    except OSError as e:
+        raise ConfigError("run.name", f"cannot write the run folder {folder}: {e.strerror} "
+                                      f"(RL_DQN_RUNS_DIR moves the runs folder)") from None
+    return folder
 
 
 # ----------------------------------------------------------------------------------------------- nodes
@@ -79,7 +88,7 @@ def _local(cfg: Config, args) -> int:
         raise ConfigError("cluster.world_size", "a local run sizes itself from collectors.count; "
                                                 "leave cluster.world_size and cluster.rank unset")
     _check_env(cfg)
-    _check_new_run(cfg)
+    _make_run_dir(cfg)
     init_method = cfg.cluster.init_method or f"tcp://127.0.0.1:{_free_port()}"
     common = [*args.overrides, f"run.name={cfg.run.name}", f"cluster.init_method={init_method}",
               f"cluster.world_size={1 + cfg.collectors.count}", f"cluster.interface={cfg.cluster.interface or 'lo'}"]
@@ -154,15 +163,13 @@ def _learner(cfg: Config, args) -> int:
     if cfg.cluster.init_method == "" or cfg.cluster.world_size == 0:
         _require_cluster(cfg, collector_node=False)
     spec = _check_env(cfg)
-    _check_new_run(cfg)
+    folder = _make_run_dir(cfg)
     stop = _stop_on_signals()
     torch.set_num_threads(cfg.learner.torch_threads or os.cpu_count() or 1)
-    folder = run_dir(cfg)
-    folder.mkdir(parents=True, exist_ok=True)
     save_config(cfg, folder / "config.yaml")
     learner = Learner(cfg, spec, folder, stop=stop)
     try:
-        learner.run(LearnerTransport(cfg))
+        learner.run(LearnerTransport(cfg, stop))
     except TransportError as e:
         learner.close()
         return _role_error("learner", str(e))
@@ -186,7 +193,7 @@ def _collector(cfg: Config, args) -> int:
     stop = _stop_on_signals()
     transport = None
     try:
-        transport = CollectorTransport(cfg, rank - 1)
+        transport = CollectorTransport(cfg, rank - 1, stop)
         Collector(cfg, rank - 1, transport, stop).run()
     except TransportError as e:
         return _role_error(name, str(e))

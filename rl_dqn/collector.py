@@ -100,6 +100,8 @@ class Collector:
         net = QNetwork(env.spec.obs_shape, env.spec.num_actions, cfg.network.mlp_hidden).eval()
         generator = torch.Generator().manual_seed(cfg.run.seed * 100_000 + self.index)
         weights = self.transport.wait_weights(cfg.cluster.join_timeout_s)
+        if weights is None:
+            return
         net.load_state_dict(weights.state)
         version = weights.version
         builder = ChunkBuilder(cfg.collectors.chunk_steps, E, env.spec)

@@ -141,7 +141,8 @@ class CollectorsConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     total_env_steps: int = 10_000_000
-    """the run ends when all collectors together have taken this many env steps (agent steps, not frames)"""
+    """the run ends when all collectors together have taken this many env steps (agent steps, not frames; each env
+    counts every step, also the one per episode on which it resets and ignores the action)"""
     learning_starts: int = 80_000
     """env steps collected before the first gradient update"""
     replay_capacity: int = 1_000_000
@@ -241,9 +242,9 @@ class ClusterConfig:
     """seconds a process waits for the whole run to join before it gives up"""
 
     def __post_init__(self):
-        _require(self.init_method == "" or self.init_method == "env://" or
-                 re.fullmatch(r"tcp://[^:/\s]+:\d{1,5}", self.init_method) is not None, "cluster.init_method",
-                 f"must be tcp://HOST:PORT or env://, got {self.init_method!r}")
+        tcp = re.fullmatch(r"tcp://[^:/\s]+:(\d{1,5})", self.init_method)
+        _require(self.init_method in ("", "env://") or tcp is not None and 1 <= int(tcp.group(1)) <= 65535,
+                 "cluster.init_method", f"must be tcp://HOST:PORT (port 1-65535) or env://, got {self.init_method!r}")
         _require(self.world_size >= 0, "cluster.world_size", f"must be >= 0, got {self.world_size}")
         _require(self.rank >= 0, "cluster.rank", f"must be >= 0, got {self.rank}")
         _require(self.join_timeout_s > 0, "cluster.join_timeout_s", f"must be > 0, got {self.join_timeout_s}")
@@ -313,9 +314,9 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> Config:
     if not path.is_file():
         raise ConfigError("config", f"no such file: {path}")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError("config", f"{path} is not valid YAML: {str(e).splitlines()[0]}") from None
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ConfigError("config", f"{path} is not valid UTF-8 YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(raw, dict):
         raise ConfigError("config", f"{path} must hold a mapping of sections ({', '.join(SECTIONS)})")
     for item in overrides:

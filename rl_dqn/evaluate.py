@@ -7,6 +7,7 @@ and standard deviation of the raw score.
 from __future__ import annotations
 
 import argparse
+import pickle
 import sys
 from pathlib import Path
 
@@ -61,11 +62,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--episodes", type=int, default=20)
     parser.add_argument("--epsilon", type=float, default=0.0)
     args = parser.parse_args(argv)
+    if args.episodes < 1:
+        parser.error(f"--episodes must be >= 1, got {args.episodes}")
     try:
         checkpoint = args.run if args.run.is_file() else latest_checkpoint(args.run)
         scores = evaluate(checkpoint, args.episodes, args.epsilon)
     except (FileNotFoundError, ConfigError) as e:
         print(f"rl_dqn.evaluate: error: {e}", file=sys.stderr)
+        return 2
+    except (RuntimeError, KeyError, pickle.UnpicklingError, EOFError) as e:
+        print(f"rl_dqn.evaluate: error: {checkpoint} is not an rl_dqn checkpoint ({type(e).__name__}: "
+              f"{str(e).strip().splitlines()[0] if str(e).strip() else ''})", file=sys.stderr)
         return 2
     mean = sum(scores) / len(scores)
     std = (sum((s - mean) ** 2 for s in scores) / len(scores)) ** 0.5

@@ -71,7 +71,6 @@ class Learner:
         self._stat_updates = 0
         self._staleness_sum = self._staleness_count = 0
         self._returns = collections.deque(maxlen=20)
-        self._reported_lost: set[str] = set()
         self._collectors = [_CollectorStats() for _ in range(cfg.num_collectors)]
         self._env_meter, self._update_meter, self._byte_meter = RateMeter(), RateMeter(), RateMeter()
         self._started = time.monotonic()
@@ -124,10 +123,14 @@ class Learner:
     def wants_update(self) -> bool:
         return self._owed_samples() >= self.cfg.train.batch_size
 
-    def _release_answers(self) -> None:
-        """Answers waiting chunks unless the learner owes more than one chunk's worth of training."""
+    def answers_due(self) -> bool:
+        """Chunks are answered unless the learner owes more than one chunk's worth of training and can train
+        (below one batch it cannot, and holding answers then would stall the run)."""
         allowance = self.cfg.train.replay_ratio * self._chunk_env_steps
-        while self._waiting and self._owed_samples() <= allowance:
+        return self._owed_samples() <= allowance or not self.wants_update()
+
+    def _release_answers(self) -> None:
+        while self._waiting and self.answers_due():
             self.transport.acknowledge(self._waiting.popleft(), Ack(self.env_steps, stop=False))
 
     # ------------------------------------------------------------------------------------------- training
@@ -164,11 +167,6 @@ class Learner:
         if self.updates > 0:
             self.weights_version += 1
         self.transport.publish(self.weights())
-        for name, reason in self.transport.lost.items():
-            if name in self._reported_lost:
-                continue
-            self._reported_lost.add(name)
-            say("learner", f"{name} lost ({reason}); training goes on with {len(self.transport.alive)} collectors")
 
     # ------------------------------------------------------------------------------------------- the loop
 
@@ -195,9 +193,12 @@ class Learner:
                 elif not self._waiting and now - last_data > self.cfg.transport.rpc_timeout_s:
                     raise TransportError(f"no data from any collector for {self.cfg.transport.rpc_timeout_s:g} s "
                                          f"(transport.rpc_timeout_s)")
-                if not self.transport.alive:
-                    raise TransportError("every collector is gone: " + "; ".join(
-                        f"{name}: {why}" for name, why in sorted(self.transport.lost.items())))
+                self.transport.watch()
+                if self.transport.lost:
+                    # The run's membership is fixed when it starts, so a lost collector ends it (cleanly: the
+                    # last checkpoint is written and the other collectors are stopped).
+                    raise TransportError("; ".join(f"{name} lost: {why}"
+                                                   for name, why in sorted(self.transport.lost.items())))
                 if now - last_log >= self.cfg.metrics.interval_s:
                     last_log = now
                     self.log()

@@ -27,7 +27,7 @@ class RoleSpec(NamedTuple):
 class _Role:
     def __init__(self, spec: RoleSpec, env: dict[str, str]):
         self.spec = spec
-        self.tail: collections.deque[str] = collections.deque(maxlen=3)
+        self.tail: collections.deque[str] = collections.deque(maxlen=20)
         self.process = subprocess.Popen(spec.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         text=True, bufsize=1, start_new_session=True, preexec_fn=_die_with_parent)
         self._reader = threading.Thread(target=self._forward, daemon=True)
@@ -42,11 +42,14 @@ class _Role:
             sys.stdout.flush()
 
     def why(self) -> str:
-        """How the role ended; for an error exit, with its last line (a role's last line names its error)."""
+        """How the role ended; for an error exit, with the error line it printed (TensorPipe's own warnings may
+        follow it) or else its last line."""
         code = self.process.returncode
         if code < 0:
             return f"killed by {signal.Signals(-code).name}"
-        return f"exited with code {code}" + (f": {self.tail[-1]}" if self.tail else "")
+        errors = [line for line in self.tail if "] error: " in line or line.startswith("rl_dqn: ")]
+        last = errors[-1] if errors else self.tail[-1] if self.tail else ""
+        return f"exited with code {code}" + (f": {last}" if last else "")
 
     def finish_output(self) -> None:
         self._reader.join(timeout=2.0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -24,7 +25,7 @@ def config(port: int, kind: str, world_size: int):
         "run.name=contract", f"transport.kind={kind}", f"cluster.init_method=tcp://127.0.0.1:{port}",
         f"cluster.world_size={world_size}", f"collectors.count={world_size - 1}", "cluster.interface=lo",
         f"collectors.chunk_steps={T}", f"env.envs_per_collector={E}", "collectors.max_chunks_in_flight=2",
-        "cluster.join_timeout_s=60", "transport.rpc_timeout_s=20"])
+        "cluster.join_timeout_s=60", "transport.rpc_timeout_s=1"])
 
 
 def make_chunk(collector: int, seq: int) -> Chunk:
@@ -52,7 +53,7 @@ def _wait(condition, timeout: float, what: str) -> None:
 
 def contract_learner(port: int, kind: str, events) -> None:
     cfg = config(port, kind, world_size=3)
-    transport = LearnerTransport(cfg)
+    transport = LearnerTransport(cfg, threading.Event())
     try:
         transport.publish(weights(0))
         held = []
@@ -60,9 +61,10 @@ def contract_learner(port: int, kind: str, events) -> None:
         def take():
             held.extend(transport.receive(timeout=0.05))
             return held
-        # collector0 sends 3 chunks and then waits for the first answer; collector1 sends 2.
+        # collector0 sends 3 chunks and then waits for the first answer; collector1 sends 2. The answers are held
+        # for three times transport.rpc_timeout_s, as a learner busy training holds them: nobody may give up.
         _wait(lambda: len(take()) >= 5, 30, "5 chunks")
-        time.sleep(1.0)
+        time.sleep(3.0)
         take()
         events.put(("learner", "held", sorted((d.chunk.collector, d.chunk.seq) for d in held)))
         for d in held:
@@ -84,7 +86,7 @@ def contract_learner(port: int, kind: str, events) -> None:
 
 def contract_collector(port: int, kind: str, index: int, events) -> None:
     cfg = config(port, kind, world_size=3)
-    transport = CollectorTransport(cfg, index)
+    transport = CollectorTransport(cfg, index, threading.Event())
     try:
         first = transport.wait_weights(timeout=30)
         events.put((f"collector{index}", "weights", first.version))
@@ -110,12 +112,22 @@ def contract_collector(port: int, kind: str, index: int, events) -> None:
     events.put((f"collector{index}", "closed", True))
 
 
-# ------------------------------------------------------------------------------------- a learner that dies
+# ---------------------------------------------------------------------------- a learner that hangs or dies
+
+
+def stalled_learner(port: int, kind: str, events) -> None:
+    """Takes chunks and never answers; the test stops this process (SIGSTOP) as if it hung."""
+    cfg = config(port, kind, world_size=2)
+    transport = LearnerTransport(cfg, threading.Event())
+    transport.publish(weights(0))
+    _wait(lambda: transport.receive(timeout=0.05), 30, "a chunk")
+    events.put(("learner", "took a chunk", os.getpid()))
+    time.sleep(600)
 
 
 def dying_learner(port: int, kind: str, events) -> None:
     cfg = config(port, kind, world_size=2)
-    transport = LearnerTransport(cfg)
+    transport = LearnerTransport(cfg, threading.Event())
     transport.publish(weights(0))
     _wait(lambda: transport.receive(timeout=0.05), 30, "a chunk")
     events.put(("learner", "dying", time.monotonic()))
@@ -126,12 +138,28 @@ def dying_learner(port: int, kind: str, events) -> None:
 
 def orphaned_collector(port: int, kind: str, events) -> None:
     cfg = config(port, kind, world_size=2)
-    transport = CollectorTransport(cfg, 0)
+    transport = CollectorTransport(cfg, 0, threading.Event())
     transport.wait_weights(timeout=30)
     try:
         for seq in range(1000):
             transport.send(make_chunk(0, seq))
             time.sleep(0.05)
+        events.put(("collector0", "error", None))
+    except TransportError as e:
+        events.put(("collector0", "error", (str(e), time.monotonic())))
+    finally:
+        transport.close()
+    events.put(("collector0", "closed", True))
+
+
+def waiting_collector(port: int, kind: str, events) -> None:
+    """Sends until it has to wait for an answer, and reports how that wait ends."""
+    cfg = config(port, kind, world_size=2)
+    transport = CollectorTransport(cfg, 0, threading.Event())
+    transport.wait_weights(timeout=30)
+    try:
+        for seq in range(10):
+            transport.send(make_chunk(0, seq))
         events.put(("collector0", "error", None))
     except TransportError as e:
         events.put(("collector0", "error", (str(e), time.monotonic())))

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -57,7 +61,8 @@ def test_overrides_convert_like_a_person_means_them(tmp_path):
     ("train.learning_starts=10", "train.learning_starts", ">= train.batch_size"),
     ("train.replay_capacity=100", "train.replay_capacity", ">= train.learning_starts"),
     ("learner.device=tpu", "learner.device", "auto, cpu, cuda or cuda:N"),
-    ("cluster.init_method=http://x", "cluster.init_method", "tcp://HOST:PORT or env://"),
+    ("cluster.init_method=http://x", "cluster.init_method", "tcp://HOST:PORT (port 1-65535) or env://"),
+    ("cluster.init_method=tcp://10.0.0.1:99999", "cluster.init_method", "port 1-65535"),
     ("run.name=../escape", "run.name", "folder name"),
     ("lr=1", "lr=1", "section.key=value"),
 ])
@@ -85,6 +90,9 @@ def _cli(*args, env=None, timeout=60):
     (["local", "configs/smoke.yaml", "train.bach_size=3"], "train.bach_size"),
     (["local", "configs/smoke.yaml", "env.id=ALE/Pongg-v5"], "env.id"),
     (["local", "configs/smoke.yaml", "env.id=NoSuchEnv-v0"], "env.id"),
+    (["local", "configs/smoke.yaml", "env.id=PongNoFrameskip-v4"], "env.id"),     # old-style Atari id
+    (["local", "configs/smoke.yaml", "env.id=ALE/Pong-ram-v5"], "env.id"),        # RAM observations
+    (["local", "configs/smoke.yaml", "env.id=LunarLander-v3"], "env.id"),         # needs box2d, not installed
     (["learner", "configs/smoke.yaml"], "cluster.init_method"),
     (["collectors", "configs/smoke.yaml", "cluster.init_method=tcp://127.0.0.1:1", "cluster.world_size=3"],
      "cluster.rank"),
@@ -99,10 +107,51 @@ def test_cli_refuses_bad_input_with_one_line_and_exit_2(args, key):
 
 
 def test_launcher_script_refuses_bad_input_before_starting_anything(tmp_path):
-    import os
     env = dict(os.environ, RL_DQN_PYTHON=sys.executable, RL_DQN_RUNS_DIR=str(tmp_path))
     result = subprocess.run([str(ROOT / "launch/local.sh"), "configs/smoke.yaml", "collectors.count=-1"], cwd=ROOT,
                             capture_output=True, text=True, timeout=60, env=env)
     assert result.returncode == 2
     assert result.stderr.strip() == "rl_dqn: config error: collectors.count: must be >= 1, got -1"
     assert list(tmp_path.iterdir()) == []
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_config_that_is_not_utf8_is_refused(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("run:\n  name: caf\xe9\n".encode("latin-1"))
+    result = _cli("local", str(path))
+    assert result.returncode == 2 and result.stderr.startswith("rl_dqn: config error: config: ")
+
+
+def test_unwritable_runs_folder_is_refused_before_starting(tmp_path):
+    env = dict(os.environ, RL_DQN_RUNS_DIR=str(tmp_path / "a-file" / "runs"))
+    (tmp_path / "a-file").write_text("not a folder")
+    result = _cli("local", "configs/smoke.yaml", env=env)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("rl_dqn: config error: run.name: cannot write the run folder")
+
+
+def test_a_collector_gives_up_joining_at_its_deadline():
+    port = free_port()
+    started = time.monotonic()
+    result = _cli("collector", "configs/smoke.yaml", f"cluster.init_method=tcp://127.0.0.1:{port}",
+                  "cluster.world_size=3", "cluster.rank=1", "cluster.join_timeout_s=3")
+    assert result.returncode == 1
+    assert "could not join the run" in result.stderr and "within cluster.join_timeout_s=3 s" in result.stderr
+    assert time.monotonic() - started < 30
+
+
+def test_sigterm_while_joining_ends_the_process(tmp_path):
+    process = subprocess.Popen([sys.executable, "-m", "rl_dqn", "learner", "configs/smoke.yaml",
+                                f"cluster.init_method=tcp://127.0.0.1:{free_port()}", "cluster.world_size=3",
+                                "run.name=joining"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=dict(os.environ, RL_DQN_RUNS_DIR=str(tmp_path)))
+    time.sleep(6)   # imports, then waiting for collectors that never come
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=20)
+    assert process.returncode == 1 and "stopped while waiting to join the run" in stderr

@@ -112,6 +112,29 @@ def test_two_node_commands(runs, monkeypatch):
     assert all(c["env_steps"] > 0 for c in summary["collectors"].values())
 
 
+def test_a_lost_collector_ends_a_multi_node_run(runs):
+    """The run's membership is fixed at start: the learner ends the run, keeping what it learned."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cluster = [f"cluster.init_method=tcp://127.0.0.1:{port}", "cluster.world_size=3", "cluster.interface=lo",
+               "train.total_env_steps=10000000", "run.name=lost"]
+    learner = launch("learner.sh", "configs/smoke.yaml", *cluster)
+    collectors = launch("collector.sh", "configs/smoke.yaml", *cluster, "cluster.rank=1")
+    victim = wait_for(lambda: [line.split()[0] for line in processes_of("lost") if "--local-index=1" in line],
+                      timeout=60, what="collector1 to start")
+    wait_for(lambda: (runs / "lost").exists() and scalars(runs / "lost").get("learner/loss"), timeout=90,
+             what="training to start")
+    os.kill(int(victim[0]), signal.SIGKILL)
+    code, output = finish(learner, timeout=60)
+    assert code == 1 and "[learner] error: collector1 lost" in output, output[-3000:]
+    code, output = finish(collectors, timeout=30)
+    assert code != 0 and "collector1 died (killed by SIGKILL)" in output
+    assert not processes_of("lost")
+    summary = json.loads((runs / "lost" / "summary.json").read_text())
+    assert summary["updates"] > 0 and "collector1" in summary["lost_collectors"]
+
+
 LONG = ["train.total_env_steps=10000000", "metrics.interval_s=1"]
 
 

@@ -62,6 +62,18 @@ def test_replay_ratio_is_held(tmp_path):
     assert learner.updates == 2 * (240 - 64) // 32                   # gradient samples = ratio x env steps
 
 
+@pytest.mark.parametrize("ratio", [0.01, 0.05, 0.5, 2, 8, 64])
+def test_the_learner_always_either_trains_or_answers(tmp_path, ratio):
+    """Collectors wait while their chunks are unanswered; a learner that neither trains nor answers would stall."""
+    learner = make_learner(tmp_path, f"train.replay_ratio={ratio}")
+    for seq in range(40):
+        learner.ingest(chain_chunk(seq % 2, seq // 2, episodes=1))
+        assert learner.wants_update() or learner.answers_due(), (ratio, learner.env_steps, learner.updates)
+        while learner.wants_update() and not learner.answers_due():
+            learner.step()
+        assert learner.answers_due()
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 def test_updates_learn_the_chain_values(tmp_path, device):
     learner = make_learner(tmp_path, f"learner.device={device}")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import queue
+import signal
 import socket
 import time
 
@@ -83,3 +85,30 @@ def test_collector_notices_a_dead_learner(kind):
     assert message.startswith("learner unreachable")
     assert noticed - by[("learner", "dying")] < 10.0
     assert by[("collector0", "closed")]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_collector_notices_a_hung_learner(kind):
+    """A learner that stops answering (SIGSTOP) is found by the ping within a few transport.rpc_timeout_s (1 s)."""
+    port = free_port()
+    context = multiprocessing.get_context("spawn")
+    events = context.Queue()
+    learner = context.Process(target=rpc_scenarios.stalled_learner, args=(port, kind, events))
+    collector = context.Process(target=rpc_scenarios.waiting_collector, args=(port, kind, events))
+    learner.start()
+    collector.start()
+    try:
+        who, what, pid = events.get(timeout=60)
+        assert (who, what) == ("learner", "took a chunk")
+        os.kill(pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        who, what, value = events.get(timeout=30)
+        message, noticed = value
+        assert (who, what) == ("collector0", "error") and message.startswith("learner unreachable: no answer to a ping")
+        assert noticed - stopped < 5.0
+        collector.join(timeout=30)
+        assert collector.exitcode == 0
+    finally:
+        for p in (learner, collector):
+            if p.is_alive():
+                p.kill()

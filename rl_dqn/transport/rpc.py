@@ -1,10 +1,14 @@
 """Chunks, acknowledgements, weights and the stop signal over torch.distributed.rpc (TensorPipe).
 
-Four plain module-level RPC functions carry everything; each routes to the one endpoint of its process:
+Five plain module-level RPC functions carry everything; each routes to the one endpoint of its process:
 - collector -> learner `_submit_chunk(chunk)`: answered with an `Ack` only when the learner wants more data,
-  so a collector with `max_chunks_in_flight` unanswered chunks waits (this is the throttle);
+  so a collector with `max_chunks_in_flight` unanswered chunks waits (this is the throttle). The learner may hold
+  an answer for as long as it trains, so this call has no deadline; a collector that has waited
+  `transport.rpc_timeout_s` checks that the learner is alive with `_ping()`, which its RPC threads answer at once;
 - learner -> collector `_receive_weights(weights)`: the newest weights replace any not yet adopted;
-- learner -> collector `_request_stop()`: the run is over.
+- learner -> collector `_request_stop()`: the run is over;
+- either way `_ping()`: a collector that has waited long for an answer checks the learner, and the learner checks
+  every collector it has not heard from for QUIET_S (a dead peer fails at once, a hung one at the RPC timeout).
 Every wait has a deadline. Shutdown follows an explicit stop: graceful (every process leaves together, so no
 pipe breaks under a peer) with a deadline when all peers are believed alive, local (`graceful=False`) when one is
 known to be gone, because a graceful shutdown with no deadline waits forever on a dead peer.
@@ -29,6 +33,7 @@ from rl_dqn.types import Ack, Chunk, Weights
 
 LEARNER_RANK = 0
 SHUTDOWN_TIMEOUT_S = 10.0
+QUIET_S = 5.0          # the learner pings a collector it has not heard from for this long
 
 
 class TransportError(RuntimeError):
@@ -53,6 +58,10 @@ def _submit_chunk(chunk: Chunk) -> Future:
     return _endpoint._on_chunk(chunk)
 
 
+def _ping() -> bool:
+    return True
+
+
 def _receive_weights(weights: Weights) -> None:
     _endpoint._on_weights(weights)
 
@@ -61,8 +70,14 @@ def _request_stop() -> None:
     _endpoint._on_stop()
 
 
-def _join(cfg: Config, rank: int) -> None:
-    """init_rpc for `rank`, with TensorPipe on the configured transports and interface."""
+def _join(cfg: Config, rank: int, stop: threading.Event) -> None:
+    """init_rpc for `rank`, with TensorPipe on the configured transports and interface.
+
+    init_rpc blocks in C++ until every process of the run has joined: no signal handler runs there, and its
+    rendezvous waits torch's default 30 minutes. So it runs on a thread while this one waits for it with the
+    run's deadline and its stop event (set by SIGINT or SIGTERM); a process that gives up exits with the thread
+    still blocked, which is harmless because nothing has started yet.
+    """
     if cfg.cluster.init_method == "":
         raise TransportError("cluster.init_method is empty: give tcp://HOST:PORT (the learner's node) or env://")
     if cfg.cluster.interface:
@@ -74,16 +89,31 @@ def _join(cfg: Config, rank: int) -> None:
         init_method=cfg.cluster.init_method,
         _transports=list(cfg.transport.tensorpipe_transports),
     )
-    try:
-        with warnings.catch_warnings():
-            # init_rpc itself uses a deprecated ProcessGroup call for its device-map exchange (torch 2.x).
-            warnings.filterwarnings("ignore", message="You are using a Backend")
-            rpc.init_rpc(worker_name(rank), rank=rank, world_size=cfg.world_size, rpc_backend_options=options)
-    except Exception as e:  # noqa: BLE001 - init_rpc raises RuntimeError, ValueError or socket errors
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise TransportError(f"could not join the run at {cfg.cluster.init_method} as rank {rank} of "
-                             f"{cfg.world_size} within cluster.join_timeout_s={cfg.cluster.join_timeout_s:g}: "
-                             f"{reason}") from None
+    joined, failure = threading.Event(), []
+
+    def join() -> None:
+        try:
+            with warnings.catch_warnings():
+                # init_rpc itself uses a deprecated ProcessGroup call for its device-map exchange (torch 2.x).
+                warnings.filterwarnings("ignore", message="You are using a Backend")
+                rpc.init_rpc(worker_name(rank), rank=rank, world_size=cfg.world_size, rpc_backend_options=options)
+        except Exception as e:  # noqa: BLE001 - init_rpc raises RuntimeError, ValueError or socket errors
+            failure.append(e)
+        finally:
+            joined.set()
+
+    threading.Thread(target=join, name="rpc-join", daemon=True).start()
+    deadline = time.monotonic() + cfg.cluster.join_timeout_s
+    where = f"the run at {cfg.cluster.init_method} as rank {rank} of {cfg.world_size}"
+    while not joined.wait(0.2):
+        if stop.is_set():
+            raise TransportError(f"stopped while waiting to join {where}")
+        if time.monotonic() > deadline:
+            raise TransportError(f"could not join {where} within cluster.join_timeout_s="
+                                 f"{cfg.cluster.join_timeout_s:g} s: is every process of the run started, with the "
+                                 f"same cluster.world_size and its own rank?")
+    if failure:
+        raise TransportError(f"could not join {where}: {_reason(failure[0])}")
 
 
 def _leave(graceful: bool) -> None:
@@ -119,7 +149,7 @@ class LearnerTransport:
     """The learner's endpoint: receive chunks, acknowledge them when more data is wanted, publish weights
     without waiting on a slow collector, stop the collectors at the end."""
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, stop: threading.Event):
         global _endpoint
         self.cfg = cfg
         self._inbox: queue.SimpleQueue[Delivery] = queue.SimpleQueue()
@@ -127,13 +157,16 @@ class LearnerTransport:
         self.alive = {worker_name(collector_rank(i)) for i in range(cfg.num_collectors)}
         self.lost: dict[str, str] = {}        # collector name -> why it was dropped
         self._unanswered: set[Future] = set()  # every chunk's answer until it is sent, so stopping answers all
+        self._heard = {name: time.monotonic() for name in self.alive}   # last chunk or answered ping
+        self._pinging: dict[str, Future] = {}
         self._lock = threading.Lock()
         self._closed = False
         _endpoint = self
-        _join(cfg, LEARNER_RANK)
+        _join(cfg, LEARNER_RANK, stop)
 
     def _on_chunk(self, chunk: Chunk) -> Future:
         ack = Future()
+        self._heard[worker_name(collector_rank(chunk.collector))] = time.monotonic()
         with self._lock:
             if self._closed:
                 ack.set_result(Ack(0, stop=True))
@@ -182,6 +215,19 @@ class LearnerTransport:
             sent += 1
         return sent
 
+    def watch(self) -> None:
+        """Pings each live collector not heard from for QUIET_S; one whose ping fails is lost."""
+        now = time.monotonic()
+        for name in sorted(self.alive):
+            ping = self._pinging.get(name)
+            if ping is not None:
+                if ping.done():
+                    del self._pinging[name]
+                    self._check(name, ping)
+                    self._heard[name] = now
+            elif now - self._heard[name] > QUIET_S:
+                self._pinging[name] = rpc.rpc_async(name, _ping, timeout=self.cfg.transport.rpc_timeout_s)
+
     def _check(self, name: str, future: Future) -> None:
         try:
             future.wait()
@@ -212,17 +258,18 @@ class CollectorTransport:
     """A collector's endpoint: send chunks with at most `max_chunks_in_flight` unanswered, pick up the newest
     weights, learn that the run is over."""
 
-    def __init__(self, cfg: Config, index: int):
+    def __init__(self, cfg: Config, index: int, stop: threading.Event):
         global _endpoint
         self.cfg = cfg
+        self._local_stop = stop                  # this process is asked to stop (a signal)
         self._in_flight: collections.deque[Future] = collections.deque()
         self._weights: Weights | None = None
         self._weights_arrived = threading.Condition()
-        self._stop = threading.Event()
+        self._stop = threading.Event()           # the learner says the run is over
         self._learner_lost = False
         self.last_ack: Ack | None = None
         _endpoint = self
-        _join(cfg, collector_rank(index))
+        _join(cfg, collector_rank(index), stop)
 
     def _on_weights(self, weights: Weights) -> None:
         with self._weights_arrived:
@@ -245,29 +292,56 @@ class CollectorTransport:
             weights, self._weights = self._weights, None
         return weights
 
-    def wait_weights(self, timeout: float) -> Weights:
-        """Blocks until the learner's first weights arrive."""
+    def wait_weights(self, timeout: float) -> Weights | None:
+        """Blocks until the learner's first weights arrive; None if the run or this process stops first."""
         deadline = time.monotonic() + timeout
         with self._weights_arrived:
-            while self._weights is None and not self._stop.is_set():
+            while self._weights is None and not self._stop.is_set() and not self._local_stop.is_set():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TransportError(f"no weights from the learner within {timeout:g} s")
-                self._weights_arrived.wait(left)
+                self._weights_arrived.wait(min(left, 0.2))
             weights, self._weights = self._weights, None
-        if weights is None:
-            raise TransportError("the run was stopped before the learner sent weights")
         return weights
 
     def send(self, chunk: Chunk) -> Ack | None:
         """Sends a chunk; first waits for the oldest answer while `max_chunks_in_flight` are unanswered.
         Returns the newest answer so far."""
-        self._in_flight.append(rpc.rpc_async(worker_name(LEARNER_RANK), _submit_chunk, args=(chunk,),
-                                             timeout=self.cfg.transport.rpc_timeout_s))
+        # No deadline (0): the learner holds the answer while it trains; _await checks that it is alive.
+        self._in_flight.append(rpc.rpc_async(worker_name(LEARNER_RANK), _submit_chunk, args=(chunk,), timeout=0))
         while self._in_flight and (self._in_flight[0].done() or
                                    len(self._in_flight) > self.cfg.collectors.max_chunks_in_flight):
+            if not self._await(self._in_flight[0]):
+                break
             self._take_answer(self._in_flight.popleft())
         return self.last_ack
+
+    def _await(self, future: Future, patience_s: float | None = None) -> bool:
+        """Waits for an answer; every transport.rpc_timeout_s without one, pings the learner, and gives up on a
+        learner that does not answer. Returns False when this process is asked to stop, or when `patience_s`
+        (which replaces that condition) runs out."""
+        if future.done():
+            return True
+        arrived = threading.Event()
+        future.add_done_callback(lambda _: arrived.set())
+        timeout = self.cfg.transport.rpc_timeout_s
+        started = last_sign_of_life = time.monotonic()
+        while not arrived.wait(0.2):
+            now = time.monotonic()
+            if patience_s is None:
+                if self._local_stop.is_set():
+                    return False
+            elif now - started > patience_s:
+                return False
+            if now - last_sign_of_life > timeout:
+                try:
+                    rpc.rpc_sync(worker_name(LEARNER_RANK), _ping, timeout=timeout)
+                except Exception as e:  # noqa: BLE001 - RPC errors arrive as RuntimeError
+                    self._learner_lost = True
+                    raise TransportError(f"learner unreachable: no answer to a ping within "
+                                         f"transport.rpc_timeout_s={timeout:g} s ({_reason(e)})") from None
+                last_sign_of_life = time.monotonic()
+        return True
 
     def _take_answer(self, future: Future) -> None:
         try:
@@ -282,10 +356,17 @@ class CollectorTransport:
             self._stop.set()
 
     def close(self) -> None:
-        """Waits (bounded by the RPC timeout) for the answers to chunks in flight, then leaves."""
+        """Waits a few seconds for the answers to chunks in flight (the learner answers them all when it stops
+        the run), then leaves."""
+        self._stop.set()   # errors from here on are the run ending, not a lost learner
+        deadline = time.monotonic() + 5.0
         try:
-            while self._in_flight:
-                self._stop.set()   # errors from here on are the run ending, not a lost learner
-                self._take_answer(self._in_flight.popleft())
+            while self._in_flight and not self._learner_lost:
+                future = self._in_flight.popleft()
+                if not future.done() and not self._await(future, patience_s=max(deadline - time.monotonic(), 0)):
+                    break
+                self._take_answer(future)
+        except TransportError:
+            pass
         finally:
-            _leave(graceful=not self._learner_lost)
+            _leave(graceful=not self._learner_lost and not self._in_flight)
