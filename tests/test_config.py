@@ -149,8 +149,8 @@ def test_a_collector_gives_up_joining_at_its_deadline():
 def test_sigterm_while_joining_ends_the_process(tmp_path):
     process = subprocess.Popen([sys.executable, "-m", "rl_dqn", "learner", "configs/smoke.yaml",
                                 f"cluster.init_method=tcp://127.0.0.1:{free_port()}", "cluster.world_size=3",
-                                "run.name=joining"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=dict(os.environ, RL_DQN_RUNS_DIR=str(tmp_path)))
+                                "run.name=joining"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=dict(os.environ, RL_DQN_RUNS_DIR=str(tmp_path)))
     time.sleep(6)   # imports, then waiting for collectors that never come
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=20)
