@@ -55,6 +55,14 @@ def run_dir(cfg: Config) -> Path:
     return RUNS_DIR / cfg.run.name
 
 
+def _placement(cfg: Config, rank: int):
+    """This role's device and device maps on this node (ConfigError, exit 2, before anything starts)."""
+    import torch
+
+    from rl_dqn.transport import place
+    return place(cfg, rank, torch.cuda.device_count())
+
+
 def _check_env(cfg: Config):
     from envs import EnvError, describe_env
     try:
@@ -88,10 +96,15 @@ def _local(cfg: Config, args) -> int:
         raise ConfigError("cluster.world_size", "a local run sizes itself from collectors.count; "
                                                 "leave cluster.world_size and cluster.rank unset")
     _check_env(cfg)
-    _make_run_dir(cfg)
     init_method = cfg.cluster.init_method or f"tcp://127.0.0.1:{_free_port()}"
     common = [*args.overrides, f"run.name={cfg.run.name}", f"cluster.init_method={init_method}",
-              f"cluster.world_size={1 + cfg.collectors.count}", f"cluster.interface={cfg.cluster.interface or 'lo'}"]
+              f"cluster.world_size={1 + cfg.collectors.count}", f"cluster.interface={cfg.cluster.interface or 'lo'}",
+              "cluster.single_node=true"]
+    # Every role's devices and maps, as each will see them, checked before any of them starts.
+    one_node = load_config(args.config, [*common, "cluster.rank=1"])
+    for rank in range(one_node.world_size):
+        _placement(one_node, rank)
+    _make_run_dir(cfg)
     here = [sys.executable, "-m", "rl_dqn"]
     specs = [RoleSpec("learner", [*here, "learner", args.config, *common], finishes_run=True)]
     specs += [RoleSpec(f"collector{i}", [*here, "collector", args.config, *common, "cluster.rank=1",
@@ -106,6 +119,8 @@ def _collectors(cfg: Config, args) -> int:
     from rl_dqn.supervisor import RoleSpec, supervise
     _require_cluster(cfg, collector_node=True)
     _check_env(cfg)
+    for rank in range(cfg.cluster.rank, cfg.cluster.rank + cfg.collectors.count):
+        _placement(cfg, rank)
     here = [sys.executable, "-m", "rl_dqn"]
     specs = [RoleSpec(f"collector{cfg.cluster.rank - 1 + i}",
                       [*here, "collector", args.config, *args.overrides, f"--local-index={i}"], finishes_run=False)
@@ -163,13 +178,14 @@ def _learner(cfg: Config, args) -> int:
     if cfg.cluster.init_method == "" or cfg.cluster.world_size == 0:
         _require_cluster(cfg, collector_node=False)
     spec = _check_env(cfg)
+    placement = _placement(cfg, 0)
     folder = _make_run_dir(cfg)
     stop = _stop_on_signals()
     torch.set_num_threads(cfg.learner.torch_threads or os.cpu_count() or 1)
     save_config(cfg, folder / "config.yaml")
-    learner = Learner(cfg, spec, folder, stop=stop)
+    learner = Learner(cfg, spec, folder, stop=stop, device=placement.device)
     try:
-        learner.run(LearnerTransport(cfg, stop))
+        learner.run(LearnerTransport(cfg, stop, placement))
     except TransportError as e:
         learner.close()
         return _role_error("learner", str(e))
@@ -189,12 +205,13 @@ def _collector(cfg: Config, args) -> int:
     if cfg.cluster.init_method == "":
         raise ConfigError("cluster.init_method", "must be set: tcp://LEARNER_HOST:PORT or env://")
     _check_env(cfg)
+    placement = _placement(cfg, rank)
     name = f"collector{rank - 1}"
     stop = _stop_on_signals()
     transport = None
     try:
-        transport = CollectorTransport(cfg, rank - 1, stop)
-        Collector(cfg, rank - 1, transport, stop).run()
+        transport = CollectorTransport(cfg, rank - 1, stop, placement)
+        Collector(cfg, rank - 1, transport, stop, placement.device).run()
     except TransportError as e:
         return _role_error(name, str(e))
     finally:

@@ -17,10 +17,13 @@ from rl_dqn.types import Chunk
 
 class ChunkBuilder:
     """Fills a chunk's tensors one vector step at a time; `take` hands them over and starts fresh ones (a chunk
-    in flight is read by the transport until its send completes, so its memory is never reused)."""
+    in flight is read by the transport until its send completes, so its memory is never reused).
 
-    def __init__(self, steps: int, num_envs: int, spec: EnvSpec):
-        self.steps, self.num_envs, self.spec = steps, num_envs, spec
+    Frames and actions stay on `device`, where the collector acts (the observations uploaded for acting are the
+    ones shipped); the per-step flags and rewards come from the env on the CPU and join them once per chunk."""
+
+    def __init__(self, steps: int, num_envs: int, spec: EnvSpec, device: torch.device | str = "cpu"):
+        self.steps, self.num_envs, self.spec, self.device = steps, num_envs, spec, torch.device(device)
         self.t = 0
         self._returns = torch.zeros(num_envs, dtype=torch.float64)
         self._lengths = torch.zeros(num_envs, dtype=torch.int64)
@@ -30,8 +33,8 @@ class ChunkBuilder:
 
     def _allocate(self) -> None:
         shape = (self.steps, self.num_envs)
-        self.frames = torch.empty(*shape, *self.spec.frame_shape, dtype=self.spec.obs_dtype)
-        self.actions = torch.empty(shape, dtype=torch.int64)
+        self.frames = torch.empty(*shape, *self.spec.frame_shape, dtype=self.spec.obs_dtype, device=self.device)
+        self.actions = torch.empty(shape, dtype=torch.int64, device=self.device)
         self.rewards = torch.empty(shape, dtype=torch.float32)
         self.terminated = torch.empty(shape, dtype=torch.bool)
         self.first = torch.empty(shape, dtype=torch.bool)
@@ -62,8 +65,8 @@ class ChunkBuilder:
     def take(self, collector: int, seq: int, weights_version: int) -> Chunk:
         returns = torch.cat(self._ended_returns) if self._ended_returns else torch.zeros(0, dtype=torch.float64)
         lengths = torch.cat(self._ended_lengths) if self._ended_lengths else torch.zeros(0, dtype=torch.int64)
-        chunk = Chunk(collector, seq, weights_version, self.frames, self.actions, self.rewards, self.terminated,
-                      self.first, returns, lengths)
+        chunk = Chunk(collector, seq, weights_version, self.frames, self.actions, self.rewards.to(self.device),
+                      self.terminated.to(self.device), self.first.to(self.device), returns, lengths)
         self._ended_returns, self._ended_lengths = [], []
         self.t = 0
         self._allocate()
@@ -74,17 +77,21 @@ class Collector:
     """Acts epsilon-greedily in `env.envs_per_collector` envs and sends a chunk every `collectors.chunk_steps`
     vector steps. `index` (0-based) places its envs in the run: env i of the run is env `i - index * E` here."""
 
-    def __init__(self, cfg: Config, index: int, transport, stop: threading.Event | None = None):
+    def __init__(self, cfg: Config, index: int, transport, stop: threading.Event | None = None,
+                 policy_device: torch.device | str = "cpu"):
         self.cfg, self.index, self.transport = cfg, index, transport
         self.stop = stop or threading.Event()
+        self.policy_device = torch.device(policy_device)
         self.name = f"collector{index}"
 
     def _epsilons(self, run_env_steps: int) -> torch.Tensor:
         c, E = self.cfg.collectors, self.cfg.env.envs_per_collector
         if c.exploration == "apex":
-            return dqn.apex_epsilons(self.cfg.num_envs, self.index * E, E, c.apex_epsilon, c.apex_alpha)
-        eps = dqn.linear_epsilon(run_env_steps, c.epsilon_start, c.epsilon_end, c.epsilon_decay_env_steps)
-        return torch.full((E,), eps)
+            eps = dqn.apex_epsilons(self.cfg.num_envs, self.index * E, E, c.apex_epsilon, c.apex_alpha)
+        else:
+            eps = torch.full((E,), dqn.linear_epsilon(run_env_steps, c.epsilon_start, c.epsilon_end,
+                                                       c.epsilon_decay_env_steps))
+        return eps.to(self.policy_device)
 
     def run(self) -> None:
         cfg, E = self.cfg, self.cfg.env.envs_per_collector
@@ -96,19 +103,20 @@ class Collector:
             env.close()
 
     def _loop(self, env: VectorEnv) -> None:
-        cfg, E = self.cfg, self.cfg.env.envs_per_collector
-        net = QNetwork(env.spec.obs_shape, env.spec.num_actions, cfg.network.mlp_hidden).eval()
-        generator = torch.Generator().manual_seed(cfg.run.seed * 100_000 + self.index)
+        cfg, E, device = self.cfg, self.cfg.env.envs_per_collector, self.policy_device
+        net = QNetwork(env.spec.obs_shape, env.spec.num_actions, cfg.network.mlp_hidden).to(device).eval()
+        generator = torch.Generator(device=device).manual_seed(cfg.run.seed * 100_000 + self.index)
         weights = self.transport.wait_weights(cfg.cluster.join_timeout_s)
         if weights is None:
             return
         net.load_state_dict(weights.state)
         version = weights.version
-        builder = ChunkBuilder(cfg.collectors.chunk_steps, E, env.spec)
+        builder = ChunkBuilder(cfg.collectors.chunk_steps, E, env.spec, device)
         run_env_steps, seq = 0, 0
         epsilons = self._epsilons(run_env_steps)
-        obs, obs_first = env.reset(), torch.ones(E, dtype=torch.bool)
-        say(self.name, f"acting in {E} x {cfg.env.id}, epsilon {epsilons.min():.3g}..{epsilons.max():.3g}")
+        obs, obs_first = env.reset().to(device), torch.ones(E, dtype=torch.bool)
+        say(self.name, f"acting in {E} x {cfg.env.id} on {device}, "
+                       f"epsilon {epsilons.min():.3g}..{epsilons.max():.3g}")
         started = time.monotonic()
         while not (self.stop.is_set() or self.transport.stop_requested):
             weights = self.transport.poll_weights()
@@ -117,9 +125,9 @@ class Collector:
                 version = weights.version
             with torch.inference_mode():
                 actions = dqn.select_actions(net(obs), epsilons, generator)
-            result = env.step(actions)
+            result = env.step(actions.cpu())   # the env runs on the CPU: one small copy per step on a GPU
             builder.add(obs, obs_first, actions, result)
-            obs, obs_first = result.obs, result.first
+            obs, obs_first = result.obs.to(device), result.first
             if builder.full:
                 ack = self.transport.send(builder.take(self.index, seq, version))
                 seq += 1
@@ -128,4 +136,5 @@ class Collector:
                     epsilons = self._epsilons(run_env_steps)
         elapsed = time.monotonic() - started
         say(self.name, f"stopped after {seq} chunks ({seq * builder.steps * E:,} env steps, "
-                       f"{seq * builder.steps * E / max(elapsed, 1e-9):,.0f}/s), weights version {version}")
+                       f"{seq * builder.steps * E / max(elapsed, 1e-9):,.0f}/s), weights version {version} "
+                       f"on {next(net.parameters()).device}")

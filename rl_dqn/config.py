@@ -15,7 +15,7 @@ import time
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import yaml
 
@@ -31,6 +31,17 @@ class ConfigError(ValueError):
 def _require(ok: bool, key: str, message: str) -> None:
     if not ok:
         raise ConfigError(key, message)
+
+
+DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
+
+
+class DeviceMapEntry(NamedTuple):
+    """CUDA tensors this process sends from `cuda:<local_gpu>` land on `cuda:<peer_gpu>` of rank `peer`."""
+
+    peer: int
+    local_gpu: int
+    peer_gpu: int
 
 
 @dataclass(frozen=True)
@@ -121,9 +132,14 @@ class CollectorsConfig:
     """linear schedule: env steps of the whole run (all collectors) over which epsilon decays"""
     torch_threads: int = 1
     """torch intra-op threads of each collector process (acting is a small batched forward pass)"""
+    device: str = "auto"
+    """where each collector acts: `auto` (a node's collectors spread over its GPUs, cuda:0 when it has one, else the
+    CPU), `cpu`, `cuda` (the same spread) or `cuda:N`"""
 
     def __post_init__(self):
         _require(self.count >= 1, "collectors.count", f"must be >= 1, got {self.count}")
+        _require(re.fullmatch(DEVICE_PATTERN, self.device) is not None, "collectors.device",
+                 f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         _require(self.chunk_steps >= 1, "collectors.chunk_steps", f"must be >= 1, got {self.chunk_steps}")
         _require(self.max_chunks_in_flight >= 1, "collectors.max_chunks_in_flight",
                  f"must be >= 1, got {self.max_chunks_in_flight}")
@@ -192,7 +208,7 @@ class LearnerConfig:
     """newest checkpoints kept in runs/<name>/checkpoints/"""
 
     def __post_init__(self):
-        _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device) is not None, "learner.device",
+        _require(re.fullmatch(DEVICE_PATTERN, self.device) is not None, "learner.device",
                  f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         _require(self.torch_threads >= 0, "learner.torch_threads", f"must be >= 0, got {self.torch_threads}")
         _require(self.publish_every_updates >= 1, "learner.publish_every_updates",
@@ -207,8 +223,13 @@ TENSORPIPE_TRANSPORTS = ("uv", "shm", "ibv")
 
 @dataclass(frozen=True)
 class TransportConfig:
-    kind: Literal["cpu"] = "cpu"
-    """how tensors travel: `cpu` stages them in host memory"""
+    kind: Literal["cpu", "cuda"] = "cpu"
+    """how tensors travel: `cpu` stages them in host memory; `cuda` sends them GPU to GPU over TensorPipe device
+    maps (chunks from a collector's GPU to the learner's, weights back); peers without a GPU fall back to CPU"""
+    device_map: tuple[DeviceMapEntry, ...] = ()
+    """this process's explicit device maps for multi-node runs, as `{peer: {local_gpu: peer_gpu}}` (peer a rank or
+    a name such as `learner` or `collector3`) or DI-engine's `<peer rank>_<local gpu>_<peer gpu>,...`; the maps
+    not given are derived (see the README's transport section)"""
     tensorpipe_transports: tuple[str, ...] = ("uv",)
     """TensorPipe transports, in order of preference: uv (TCP; idles at 0% CPU), shm (same-host shared memory;
     busy-polls a core per process), ibv (InfiniBand)"""
@@ -238,6 +259,9 @@ class ClusterConfig:
     (a collector node's processes take ranks rank .. rank + collectors.count - 1)"""
     interface: str = ""
     """network interface TensorPipe listens on (e.g. `lo`, `eth0`); empty = the address of the host's name"""
+    single_node: bool = False
+    """every process of the run is on this node (launch/local.sh sets it), so device maps are derived for every
+    pair that talks"""
     join_timeout_s: float = 300.0
     """seconds a process waits for the whole run to join before it gives up"""
 
@@ -343,9 +367,10 @@ def _apply_override(raw: dict, item: str) -> None:
         value = yaml.safe_load(text) if text != "" else ""
     except yaml.YAMLError:
         value = text
-    # A string field takes the text as typed (run.name=007 stays "007").
+    # A string field takes the text as typed (run.name=007 stays "007"), as does a device map in DI-engine's form
+    # (YAML would read 1_0_0 as the number 100).
     hints = typing.get_type_hints(SECTIONS[section]) if section in SECTIONS else {}
-    if hints.get(name) is str:
+    if hints.get(name) is str or hints.get(name) == tuple[DeviceMapEntry, ...] and not text.lstrip().startswith("{"):
         value = text
     raw.setdefault(section, {})[name] = value
 
@@ -383,6 +408,8 @@ def _convert(key: str, value: Any, tp: Any) -> Any:
         choices = typing.get_args(tp)
         _require(value in choices, key, f"must be one of {', '.join(map(str, choices))}, got {value!r}")
         return value
+    if tp == tuple[DeviceMapEntry, ...]:
+        return parse_device_map(key, value)
     if typing.get_origin(tp) is tuple:
         (item_tp, _) = typing.get_args(tp)
         _require(isinstance(value, (list, tuple)), key, f"must be a list, got {value!r}")
@@ -405,6 +432,51 @@ def _convert(key: str, value: Any, tp: Any) -> Any:
     raise TypeError(f"{key}: unsupported field type {tp}")
 
 
+def parse_device_map(key: str, value: Any) -> tuple[DeviceMapEntry, ...]:
+    """`{peer: {local_gpu: peer_gpu}}` or DI-engine's `<peer rank>_<local gpu>_<peer gpu>,...`."""
+    form = "{peer: {local_gpu: peer_gpu}} or <peer rank>_<local gpu>_<peer gpu>,... (e.g. 1_0_0,2_0_1)"
+    entries = []
+    if isinstance(value, int) and not isinstance(value, bool):
+        _require(False, key, f"must be {form}; YAML reads 1_0_0 as the number {value}: put the map in quotes")
+    if isinstance(value, str):
+        for item in filter(None, (part.strip() for part in value.split(","))):
+            parts = item.split("_")
+            _require(len(parts) == 3 and all(p.isdigit() for p in parts), key, f"must be {form}, got {item!r}")
+            entries.append(DeviceMapEntry(*map(int, parts)))
+    elif isinstance(value, dict):
+        for peer, gpus in value.items():
+            _require(isinstance(gpus, dict) and gpus, key, f"must be {form}; peer {peer!r} maps to {gpus!r}")
+            rank = _peer_rank(key, peer)
+            for local, remote in gpus.items():
+                _require(_gpu_index(local) is not None and _gpu_index(remote) is not None, key,
+                         f"GPUs are indices or cuda:N, got {local!r}: {remote!r} for peer {peer!r}")
+                entries.append(DeviceMapEntry(rank, _gpu_index(local), _gpu_index(remote)))
+    else:
+        _require(False, key, f"must be {form}, got {value!r}")
+    _require(len({(e.peer, e.local_gpu) for e in entries}) == len(entries), key,
+             f"maps one local GPU to two GPUs of the same peer: {value!r}")
+    return tuple(entries)
+
+
+def _peer_rank(key: str, peer: Any) -> int:
+    if isinstance(peer, int) and not isinstance(peer, bool) and peer >= 0:
+        return peer
+    match = re.fullmatch(r"learner|collector(\d+)", str(peer))
+    _require(match is not None, key, f"peers are ranks or names (learner, collector0, ...), got {peer!r}")
+    return 0 if match.group(1) is None else int(match.group(1)) + 1
+
+
+def _gpu_index(value: Any) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    match = re.fullmatch(r"(?:cuda:)?(\d+)", str(value))
+    return int(match.group(1)) if match else None
+
+
+def device_map_text(entries: tuple[DeviceMapEntry, ...]) -> str:
+    return ",".join(f"{e.peer}_{e.local_gpu}_{e.peer_gpu}" for e in entries)
+
+
 def _number(value: Any) -> float | int | None:
     if isinstance(value, bool):
         return None
@@ -423,9 +495,13 @@ def _number(value: Any) -> float | int | None:
 
 
 def to_dict(cfg: Config) -> dict[str, dict[str, Any]]:
-    def plain(v):
-        return list(v) if isinstance(v, tuple) else v
-    return {s: {k: plain(v) for k, v in dataclasses.asdict(getattr(cfg, s)).items()} for s in SECTIONS}
+    """Plain YAML-able values; a device map in its string form."""
+    def plain(section: str, key: str, value: Any) -> Any:
+        if typing.get_type_hints(SECTIONS[section])[key] == tuple[DeviceMapEntry, ...]:
+            return device_map_text(value)
+        return list(value) if isinstance(value, tuple) else value
+    return {s: {k: plain(s, k, getattr(getattr(cfg, s), k)) for k in typing.get_type_hints(SECTIONS[s])}
+            for s in SECTIONS}
 
 
 def save_config(cfg: Config, path: Path) -> None:

@@ -18,14 +18,8 @@ from rl_dqn.config import Config, to_dict
 from rl_dqn.metrics import Board, RateMeter, say
 from rl_dqn.network import QNetwork
 from rl_dqn.replay import ReplayMemory
-from rl_dqn.transport import TransportError, worker_name, collector_rank
+from rl_dqn.transport import LEARNER_RANK, TransportError, collector_rank, place, worker_name
 from rl_dqn.types import Ack, Chunk, Weights
-
-
-def learner_device(setting: str) -> torch.device:
-    if setting == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(setting)
 
 
 class _CollectorStats:
@@ -33,6 +27,7 @@ class _CollectorStats:
         self.chunks = self.env_steps = self.episodes = 0
         self.first_weights_version: int | None = None
         self.last_weights_version: int | None = None
+        self.chunk_device: str | None = None   # where its chunks arrived
 
 
 class Learner:
@@ -43,11 +38,14 @@ class Learner:
     So the learning dynamics do not depend on how fast the hardware steps envs or trains.
     """
 
-    def __init__(self, cfg: Config, spec: EnvSpec, run_dir: Path, stop: threading.Event | None = None):
+    def __init__(self, cfg: Config, spec: EnvSpec, run_dir: Path, stop: threading.Event | None = None,
+                 device: torch.device | str | None = None):
         self.cfg, self.spec, self.run_dir = cfg, spec, run_dir
         self.transport = None
         self.stop = stop or threading.Event()
-        self.device = learner_device(cfg.learner.device)
+        # Where it trains and keeps its replay: learner.device as placed on this node (a GPU when there is one).
+        self.device = torch.device(device) if device is not None else \
+            place(cfg, LEARNER_RANK, torch.cuda.device_count()).device
         torch.manual_seed(cfg.run.seed)
         self.network = QNetwork(spec.obs_shape, spec.num_actions, cfg.network.mlp_hidden).to(self.device)
         self.target = copy.deepcopy(self.network)
@@ -55,7 +53,7 @@ class Learner:
         self.optimizer = torch.optim.Adam(self.network.parameters(), lr=cfg.train.lr, eps=cfg.train.adam_eps,
                                           fused=True)
         self.replay = ReplayMemory(cfg.train.replay_capacity, cfg.num_envs, spec.frame_shape, spec.obs_dtype,
-                                   spec.frame_stack, replay_device="cpu")
+                                   spec.frame_stack, replay_device=self.device)
         self.generator = torch.Generator().manual_seed(cfg.run.seed)
         self.env_steps = 0
         self.updates = 0
@@ -98,6 +96,7 @@ class Learner:
         self._env_meter.add(chunk.env_steps)
         self._byte_meter.add(chunk.nbytes)
         stats = self._collectors[chunk.collector]
+        stats.chunk_device = str(chunk.frames.device)
         stats.chunks += 1
         stats.env_steps += chunk.env_steps
         stats.episodes += len(chunk.episode_returns)
@@ -159,9 +158,9 @@ class Learner:
             self.target.load_state_dict(self.network.state_dict())
 
     def weights(self) -> Weights:
-        """A snapshot of the online network, detached from the copy that keeps training."""
-        return Weights(self.weights_version, {k: v.detach().to("cpu", copy=True)
-                                              for k, v in self.network.state_dict().items()})
+        """A snapshot of the online network on the learner's device, detached from the copy that keeps training
+        (the transport sends it as it is, or a CPU copy to a collector it cannot reach GPU to GPU)."""
+        return Weights(self.weights_version, {k: v.detach().clone() for k, v in self.network.state_dict().items()})
 
     def publish(self) -> None:
         if self.updates > 0:

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from rl_dqn.config import load_config
-from rl_dqn.transport import CollectorTransport, LearnerTransport, TransportError
+from rl_dqn.transport import CollectorTransport, LearnerTransport, TransportError, place
 from rl_dqn.types import Ack, Chunk, Weights
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,19 +25,26 @@ def config(port: int, kind: str, world_size: int):
         "run.name=contract", f"transport.kind={kind}", f"cluster.init_method=tcp://127.0.0.1:{port}",
         f"cluster.world_size={world_size}", f"collectors.count={world_size - 1}", "cluster.interface=lo",
         f"collectors.chunk_steps={T}", f"env.envs_per_collector={E}", "collectors.max_chunks_in_flight=2",
+        "cluster.single_node=true", "cluster.rank=1",
         "cluster.join_timeout_s=60", "transport.rpc_timeout_s=1"])
 
 
-def make_chunk(collector: int, seq: int) -> Chunk:
+def device(kind: str) -> torch.device:
+    """Where each side's tensors live: over the cuda transport, every process here shares cuda:0."""
+    return torch.device("cuda", 0) if kind == "cuda" else torch.device("cpu")
+
+
+def make_chunk(collector: int, seq: int, kind: str = "cpu") -> Chunk:
     """Frames filled with a value that identifies the chunk."""
-    value = 100 * collector + seq
-    return Chunk(collector, seq, 0, torch.full((T, E, 4), float(value)), torch.zeros(T, E, dtype=torch.int64),
-                 torch.ones(T, E), torch.zeros(T, E, dtype=torch.bool), torch.zeros(T, E, dtype=torch.bool),
+    value, d = 100 * collector + seq, device(kind)
+    return Chunk(collector, seq, 0, torch.full((T, E, 4), float(value), device=d),
+                 torch.zeros(T, E, dtype=torch.int64, device=d), torch.ones(T, E, device=d),
+                 torch.zeros(T, E, dtype=torch.bool, device=d), torch.zeros(T, E, dtype=torch.bool, device=d),
                  torch.tensor([float(value)], dtype=torch.float64), torch.tensor([7]))
 
 
-def weights(version: int) -> Weights:
-    return Weights(version, {"w": torch.full((3,), float(version))})
+def weights(version: int, kind: str = "cpu") -> Weights:
+    return Weights(version, {"w": torch.full((3,), float(version), device=device(kind))})
 
 
 def _wait(condition, timeout: float, what: str) -> None:
@@ -53,9 +60,9 @@ def _wait(condition, timeout: float, what: str) -> None:
 
 def contract_learner(port: int, kind: str, events) -> None:
     cfg = config(port, kind, world_size=3)
-    transport = LearnerTransport(cfg, threading.Event())
+    transport = LearnerTransport(cfg, threading.Event(), place(cfg, 0, torch.cuda.device_count()))
     try:
-        transport.publish(weights(0))
+        transport.publish(weights(0, kind))
         held = []
 
         def take():
@@ -68,15 +75,16 @@ def contract_learner(port: int, kind: str, events) -> None:
         take()
         events.put(("learner", "held", sorted((d.chunk.collector, d.chunk.seq) for d in held)))
         for d in held:
-            expected = make_chunk(d.chunk.collector, d.chunk.seq)
+            expected = make_chunk(d.chunk.collector, d.chunk.seq, kind)
             intact = all(torch.equal(a, b) for a, b in zip(d.chunk[3:], expected[3:]))
             events.put(("learner", "intact", (d.chunk.collector, d.chunk.seq, intact)))
+            events.put(("learner", "chunk device", str(d.chunk.frames.device)))
         first = next(d for d in held if d.chunk.collector == 0 and d.chunk.seq == 0)
         transport.acknowledge(first, Ack(env_steps=123, stop=False))
         _wait(lambda: any(d.chunk.seq == 3 for d in take()), 20, "collector0's fourth chunk")
         events.put(("learner", "fourth chunk arrived", True))
         for version in (1, 2):
-            events.put(("learner", f"published v{version} to", transport.publish(weights(version))))
+            events.put(("learner", f"published v{version} to", transport.publish(weights(version, kind))))
             time.sleep(0.5)
         transport.stop_collectors(timeout=10)
         events.put(("learner", "lost", dict(transport.lost)))
@@ -86,12 +94,13 @@ def contract_learner(port: int, kind: str, events) -> None:
 
 def contract_collector(port: int, kind: str, index: int, events) -> None:
     cfg = config(port, kind, world_size=3)
-    transport = CollectorTransport(cfg, index, threading.Event())
+    transport = CollectorTransport(cfg, index, threading.Event(), place(cfg, index + 1, torch.cuda.device_count()))
     try:
         first = transport.wait_weights(timeout=30)
         events.put((f"collector{index}", "weights", first.version))
+        events.put((f"collector{index}", "weights device", str(first.state["w"].device)))
         for seq in range(4 if index == 0 else 2):
-            ack = transport.send(make_chunk(index, seq))
+            ack = transport.send(make_chunk(index, seq, kind))
             events.put((f"collector{index}", "sent", seq))
             if ack is not None:
                 events.put((f"collector{index}", "ack", tuple(ack)))
@@ -118,16 +127,20 @@ def contract_collector(port: int, kind: str, index: int, events) -> None:
 def stalled_learner(port: int, kind: str, events) -> None:
     """Takes chunks and never answers; the test stops this process (SIGSTOP) as if it hung."""
     cfg = config(port, kind, world_size=2)
-    transport = LearnerTransport(cfg, threading.Event())
+    transport = LearnerTransport(cfg, threading.Event(), place(cfg, 0, torch.cuda.device_count()))
     transport.publish(weights(0))
     _wait(lambda: transport.receive(timeout=0.05), 30, "a chunk")
     events.put(("learner", "took a chunk", os.getpid()))
+    # Flush now: stopped while its feeder thread held the queue's shared write lock, this process would keep
+    # every other process's events from reaching the test.
+    events.close()
+    events.join_thread()
     time.sleep(600)
 
 
 def dying_learner(port: int, kind: str, events) -> None:
     cfg = config(port, kind, world_size=2)
-    transport = LearnerTransport(cfg, threading.Event())
+    transport = LearnerTransport(cfg, threading.Event(), place(cfg, 0, torch.cuda.device_count()))
     transport.publish(weights(0))
     _wait(lambda: transport.receive(timeout=0.05), 30, "a chunk")
     events.put(("learner", "dying", time.monotonic()))
@@ -138,7 +151,7 @@ def dying_learner(port: int, kind: str, events) -> None:
 
 def orphaned_collector(port: int, kind: str, events) -> None:
     cfg = config(port, kind, world_size=2)
-    transport = CollectorTransport(cfg, 0, threading.Event())
+    transport = CollectorTransport(cfg, 0, threading.Event(), place(cfg, 1, torch.cuda.device_count()))
     transport.wait_weights(timeout=30)
     try:
         for seq in range(1000):
@@ -155,7 +168,7 @@ def orphaned_collector(port: int, kind: str, events) -> None:
 def waiting_collector(port: int, kind: str, events) -> None:
     """Sends until it has to wait for an answer, and reports how that wait ends."""
     cfg = config(port, kind, world_size=2)
-    transport = CollectorTransport(cfg, 0, threading.Event())
+    transport = CollectorTransport(cfg, 0, threading.Event(), place(cfg, 1, torch.cuda.device_count()))
     transport.wait_weights(timeout=30)
     try:
         for seq in range(10):

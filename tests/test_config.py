@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from rl_dqn.config import ConfigError, load_config, save_config
@@ -97,6 +98,13 @@ def _cli(*args, env=None, timeout=60):
     (["collectors", "configs/smoke.yaml", "cluster.init_method=tcp://127.0.0.1:1", "cluster.world_size=3"],
      "cluster.rank"),
     (["local", "configs/no_such_file.yaml"], "config"),
+    # Device placement, refused before init_rpc (inside it, a bad map can surface as an unrelated store timeout).
+    (["local", "configs/smoke.yaml", "transport.kind=cuda"] if not torch.cuda.is_available() else
+     ["local", "configs/smoke.yaml", "transport.kind=cuda", "learner.device=cpu"],
+     "transport.kind" if not torch.cuda.is_available() else "learner.device"),
+    (["local", "configs/smoke.yaml", "collectors.device=cuda:9"], "collectors.device"),
+    (["collectors", "configs/smoke.yaml", "cluster.init_method=tcp://127.0.0.1:1", "cluster.world_size=3",
+      "cluster.rank=1", "transport.kind=cuda", "transport.device_map=2_0_0"], "transport.device_map"),
 ])
 def test_cli_refuses_bad_input_with_one_line_and_exit_2(args, key):
     result = _cli(*args)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -86,7 +87,7 @@ def test_smoke_run_end_to_end(runs):
     written = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert written == to_dict(load_config(ROOT / "configs/smoke.yaml", [
         "run.name=smoke", f"cluster.init_method={written['cluster']['init_method']}", "cluster.world_size=3",
-        "cluster.interface=lo"]))
+        "cluster.interface=lo", "cluster.single_node=true"]))
     assert list((run_dir / "checkpoints").glob("checkpoint_*.pt"))
     assert not processes_of("smoke")
 
@@ -133,6 +134,45 @@ def test_a_lost_collector_ends_a_multi_node_run(runs):
     assert not processes_of("lost")
     summary = json.loads((runs / "lost" / "summary.json").read_text())
     assert summary["updates"] > 0 and "collector1" in summary["lost_collectors"]
+
+
+def test_collector_node_without_a_gpu_joins_a_cuda_run_with_cpu_tensors(runs):
+    """The collector side of a mixed cluster: a node with no GPU runs its collectors with transport.kind=cuda;
+    they act on the CPU and send CPU tensors, with no device map. (The learner here is on the CPU, as this test
+    must run where there is no GPU; over CUDA, a learner sends such collectors a CPU copy of its weights.)"""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cluster = [f"cluster.init_method=tcp://127.0.0.1:{port}", "cluster.world_size=3", "cluster.interface=lo",
+               "run.name=mixed"]
+    learner = launch("learner.sh", "configs/smoke.yaml", *cluster, "learner.device=cpu")
+    collectors = launch("collector.sh", "configs/smoke.yaml", *cluster, "cluster.rank=1", "transport.kind=cuda",
+                        "collectors.device=cpu")
+    code, output = finish(learner, timeout=120)
+    assert code == 0, output[-3000:]
+    code, output = finish(collectors, timeout=30)
+    assert code == 0, output[-3000:]
+    assert "on cpu" in output
+    summary = json.loads((runs / "mixed" / "summary.json").read_text())
+    assert {c["chunk_device"] for c in summary["collectors"].values()} == {"cpu"}
+
+
+@pytest.mark.cuda
+def test_smoke_run_over_the_cuda_transport(runs):
+    """transport.kind=cuda on one GPU shared by the learner and 2 collectors: chunks arrive on the learner's GPU,
+    collectors act with CUDA weights of rising versions."""
+    code, output = finish(launch("local.sh", "configs/smoke.yaml", "run.name=cuda", "transport.kind=cuda"),
+                          timeout=180)
+    assert code == 0, output[-3000:]
+    summary = json.loads((runs / "cuda" / "summary.json").read_text())
+    assert summary["updates"] == 2 * (summary["env_steps"] - 1000) // 32
+    for name, c in summary["collectors"].items():
+        assert c["chunk_device"] == "cuda:0", name
+        assert c["last_weights_version"] > c["first_weights_version"]
+    held = re.findall(r"\[(collector\d)\] stopped after .* weights version (\d+) on (\S+)", output)
+    assert sorted(name for name, _, _ in held) == ["collector0", "collector1"]
+    assert all(int(version) > 0 and device == "cuda:0" for _, version, device in held), held
+    assert all(values for values in scalars(runs / "cuda").values())
 
 
 LONG = ["train.total_env_steps=10000000", "metrics.interval_s=1"]

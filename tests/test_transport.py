@@ -13,7 +13,7 @@ import pytest
 
 import rpc_scenarios
 
-KINDS = [pytest.param("cpu", id="cpu")]
+KINDS = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.cuda)]
 
 
 def free_port() -> int:
@@ -55,6 +55,9 @@ def test_chunks_answers_throttle_weights_and_stop(kind):
     order = [(who, what, value) for who, what, value in events]
     # Both collectors start from the learner's first weights.
     assert by[("collector0", "weights")] == 0 and by[("collector1", "weights")] == 0
+    # Over the cuda transport, chunks land on the learner's GPU and weights on the collectors', no host staging.
+    expected = "cuda:0" if kind == "cuda" else "cpu"
+    assert {v for who, what, v in events if what in ("chunk device", "weights device")} == {expected}
     # Every chunk arrives intact, from both collectors; collector0 stops after 3 unanswered chunks
     # (2 in flight, the third waits for the first answer).
     assert by[("learner", "held")] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]

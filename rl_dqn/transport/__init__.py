@@ -3,18 +3,11 @@
 The roles see two small endpoints:
 - `LearnerTransport`: receive() chunks, acknowledge() them, publish() weights, stop_collectors(), close();
 - `CollectorTransport`: send() a chunk, poll_weights() / wait_weights(), stop_requested, close().
-`transport.kind` chooses where their tensors live; the roles do not change with it.
+`transport.kind` and the devices in `place()` decide where their tensors travel; the roles do not change with them.
 """
 
-from rl_dqn.transport.rpc import (
-    LEARNER_RANK,
-    CollectorTransport,
-    Delivery,
-    LearnerTransport,
-    TransportError,
-    collector_rank,
-    worker_name,
-)
+from rl_dqn.transport.devices import LEARNER_RANK, Placement, place, worker_name
+from rl_dqn.transport.rpc import CollectorTransport, Delivery, LearnerTransport, TransportError, collector_rank
 
-__all__ = ["LEARNER_RANK", "CollectorTransport", "Delivery", "LearnerTransport", "TransportError",
-           "collector_rank", "worker_name"]
+__all__ = ["LEARNER_RANK", "CollectorTransport", "Delivery", "LearnerTransport", "Placement", "TransportError",
+           "collector_rank", "place", "worker_name"]

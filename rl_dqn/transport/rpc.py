@@ -25,24 +25,20 @@ import time
 import warnings
 from typing import NamedTuple
 
+import torch
 import torch.distributed.rpc as rpc
 from torch.futures import Future
 
 from rl_dqn.config import Config
+from rl_dqn.transport.devices import LEARNER_RANK, Placement, worker_name
 from rl_dqn.types import Ack, Chunk, Weights
 
-LEARNER_RANK = 0
 SHUTDOWN_TIMEOUT_S = 10.0
 QUIET_S = 5.0          # the learner pings a collector it has not heard from for this long
 
 
 class TransportError(RuntimeError):
     """The run cannot go on over this transport: a peer is gone, or the run could not be joined."""
-
-
-def worker_name(rank: int) -> str:
-    """RPC name of a rank: the learner is rank 0, collector i is rank i + 1."""
-    return "learner" if rank == LEARNER_RANK else f"collector{rank - 1}"
 
 
 def collector_rank(index: int) -> int:
@@ -70,7 +66,7 @@ def _request_stop() -> None:
     _endpoint._on_stop()
 
 
-def _join(cfg: Config, rank: int, stop: threading.Event) -> None:
+def _join(cfg: Config, rank: int, stop: threading.Event, placement: Placement) -> None:
     """init_rpc for `rank`, with TensorPipe on the configured transports and interface.
 
     init_rpc blocks in C++ until every process of the run has joined: no signal handler runs there, and its
@@ -89,6 +85,8 @@ def _join(cfg: Config, rank: int, stop: threading.Event) -> None:
         init_method=cfg.cluster.init_method,
         _transports=list(cfg.transport.tensorpipe_transports),
     )
+    for peer, gpus in placement.device_maps.items():
+        options.set_device_map(peer, gpus)
     joined, failure = threading.Event(), []
 
     def join() -> None:
@@ -132,6 +130,38 @@ def _leave(graceful: bool) -> None:
         _endpoint = None
 
 
+def _arrival(tensors) -> torch.cuda.Event | None:
+    """On an RPC thread: an event after which tensors that arrived on a GPU are complete.
+
+    TensorPipe orders a request's incoming copies before the stream it runs the handler on, and nothing else;
+    the tensors are used later on another thread's stream, which must wait for this event first."""
+    device = next((t.device for t in tensors if isinstance(t, torch.Tensor) and t.is_cuda), None)
+    if device is None:
+        return None
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    return event
+
+
+def _settle(tensors, arrived: torch.cuda.Event | None) -> None:
+    """On the thread that uses them: wait for `arrived` on its stream, and keep the caching allocator from reusing
+    their memory before that stream is done with them."""
+    if arrived is None:
+        return
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.is_cuda:
+            stream = torch.cuda.current_stream(t.device)
+            stream.wait_event(arrived)
+            t.record_stream(stream)
+
+
+def _on_cpu(message):
+    """A chunk or weights with every tensor in host memory (what a peer without a device map can take)."""
+    if isinstance(message, Weights):
+        return Weights(message.version, {k: v.cpu() for k, v in message.state.items()})
+    return type(message)(*(v.cpu() if isinstance(v, torch.Tensor) else v for v in message))
+
+
 def _reason(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
@@ -143,15 +173,17 @@ def _reason(error: BaseException) -> str:
 class Delivery(NamedTuple):
     chunk: Chunk
     ack: Future     # complete it (LearnerTransport.acknowledge) to let the collector send more
+    arrived: torch.cuda.Event | None = None
 
 
 class LearnerTransport:
     """The learner's endpoint: receive chunks, acknowledge them when more data is wanted, publish weights
     without waiting on a slow collector, stop the collectors at the end."""
 
-    def __init__(self, cfg: Config, stop: threading.Event):
+    def __init__(self, cfg: Config, stop: threading.Event, placement: Placement):
         global _endpoint
         self.cfg = cfg
+        self.placement = placement
         self._inbox: queue.SimpleQueue[Delivery] = queue.SimpleQueue()
         self._publishing: dict[str, Future] = {}
         self.alive = {worker_name(collector_rank(i)) for i in range(cfg.num_collectors)}
@@ -162,7 +194,7 @@ class LearnerTransport:
         self._lock = threading.Lock()
         self._closed = False
         _endpoint = self
-        _join(cfg, LEARNER_RANK, stop)
+        _join(cfg, LEARNER_RANK, stop, placement)
 
     def _on_chunk(self, chunk: Chunk) -> Future:
         ack = Future()
@@ -172,18 +204,22 @@ class LearnerTransport:
                 ack.set_result(Ack(0, stop=True))
             else:
                 self._unanswered.add(ack)
-                self._inbox.put(Delivery(chunk, ack))
+                self._inbox.put(Delivery(chunk, ack, _arrival(chunk)))
         return ack
 
     def receive(self, timeout: float) -> list[Delivery]:
-        """Everything that arrived, waiting up to `timeout` seconds for the first delivery."""
+        """Everything that arrived, waiting up to `timeout` seconds for the first delivery; chunks that arrived on
+        a GPU are ready to use on the calling thread's stream."""
         deliveries = []
         try:
             deliveries.append(self._inbox.get(timeout=timeout) if timeout > 0 else self._inbox.get_nowait())
             while True:
                 deliveries.append(self._inbox.get_nowait())
         except queue.Empty:
-            return deliveries
+            pass
+        for delivery in deliveries:
+            _settle(delivery.chunk, delivery.arrived)
+        return deliveries
 
     def acknowledge(self, delivery: Delivery, ack: Ack) -> None:
         with self._lock:
@@ -200,8 +236,9 @@ class LearnerTransport:
 
     def publish(self, weights: Weights) -> int:
         """Sends `weights` to every live collector whose previous weights have arrived; a collector still busy
-        receiving skips this version and gets a newer one. Returns how many it was sent to."""
-        sent = 0
+        receiving skips this version and gets a newer one. Collectors without a device map get a CPU copy.
+        Returns how many it was sent to."""
+        sent, on_cpu = 0, None
         for name in sorted(self.alive):
             previous = self._publishing.get(name)
             if previous is not None:
@@ -210,7 +247,11 @@ class LearnerTransport:
                 self._check(name, previous)
                 if name not in self.alive:
                     continue
-            self._publishing[name] = rpc.rpc_async(name, _receive_weights, args=(weights,),
+            if self.placement.sends_cuda_to(name):
+                message = weights
+            else:
+                message = on_cpu = on_cpu or _on_cpu(weights)
+            self._publishing[name] = rpc.rpc_async(name, _receive_weights, args=(message,),
                                                    timeout=self.cfg.transport.rpc_timeout_s)
             sent += 1
         return sent
@@ -258,23 +299,26 @@ class CollectorTransport:
     """A collector's endpoint: send chunks with at most `max_chunks_in_flight` unanswered, pick up the newest
     weights, learn that the run is over."""
 
-    def __init__(self, cfg: Config, index: int, stop: threading.Event):
+    def __init__(self, cfg: Config, index: int, stop: threading.Event, placement: Placement):
         global _endpoint
         self.cfg = cfg
+        self.placement = placement
+        self._cuda_to_learner = placement.sends_cuda_to(worker_name(LEARNER_RANK))
         self._local_stop = stop                  # this process is asked to stop (a signal)
         self._in_flight: collections.deque[Future] = collections.deque()
-        self._weights: Weights | None = None
+        self._weights: tuple[Weights, torch.cuda.Event | None] | None = None
         self._weights_arrived = threading.Condition()
         self._stop = threading.Event()           # the learner says the run is over
         self._learner_lost = False
         self.last_ack: Ack | None = None
         _endpoint = self
-        _join(cfg, collector_rank(index), stop)
+        _join(cfg, collector_rank(index), stop, placement)
 
     def _on_weights(self, weights: Weights) -> None:
+        arrived = _arrival(weights.state.values())
         with self._weights_arrived:
-            if self._weights is None or weights.version > self._weights.version:
-                self._weights = weights
+            if self._weights is None or weights.version > self._weights[0].version:
+                self._weights = (weights, arrived)
             self._weights_arrived.notify_all()
 
     def _on_stop(self) -> None:
@@ -287,9 +331,17 @@ class CollectorTransport:
         return self._stop.is_set()
 
     def poll_weights(self) -> Weights | None:
-        """The newest weights not yet taken, or None."""
+        """The newest weights not yet taken (ready on the calling thread's stream), or None."""
         with self._weights_arrived:
-            weights, self._weights = self._weights, None
+            taken, self._weights = self._weights, None
+        return self._taken(taken)
+
+    @staticmethod
+    def _taken(taken: tuple[Weights, torch.cuda.Event | None] | None) -> Weights | None:
+        if taken is None:
+            return None
+        weights, arrived = taken
+        _settle(weights.state.values(), arrived)
         return weights
 
     def wait_weights(self, timeout: float) -> Weights | None:
@@ -301,12 +353,14 @@ class CollectorTransport:
                 if left <= 0:
                     raise TransportError(f"no weights from the learner within {timeout:g} s")
                 self._weights_arrived.wait(min(left, 0.2))
-            weights, self._weights = self._weights, None
-        return weights
+            taken, self._weights = self._weights, None
+        return self._taken(taken)
 
     def send(self, chunk: Chunk) -> Ack | None:
         """Sends a chunk; first waits for the oldest answer while `max_chunks_in_flight` are unanswered.
         Returns the newest answer so far."""
+        if not self._cuda_to_learner:
+            chunk = _on_cpu(chunk)   # staged in host memory (the cpu transport, or a learner this GPU cannot reach)
         # No deadline (0): the learner holds the answer while it trains; _await checks that it is alive.
         self._in_flight.append(rpc.rpc_async(worker_name(LEARNER_RANK), _submit_chunk, args=(chunk,), timeout=0))
         while self._in_flight and (self._in_flight[0].done() or
