@@ -5,9 +5,9 @@
 Prints, for configs/pong.yaml's collector (8 Pong envs, 1 env thread, 1 torch thread):
   raw vector env (ale-py AtariVectorEnv), and gymnasium's SyncVectorEnv over AtariPreprocessing for comparison;
   one process stepping and acting with the Q-network, building chunks (a collector without RPC);
-  the pipeline (launch/local.sh's learner and 1 or 2 collectors over CPU RPC), learner not training;
-  the pipeline while training at 8 gradient samples per env step, learner on 1 and on 2 torch threads;
-  learner updates/s on its own (batch 32 from a filled replay), on 1 and 2 torch threads.
+  the pipeline (launch/local.sh's learner and 1, 2 or 4 collectors over CPU RPC), learner not training;
+  the pipeline while training at 8 gradient samples per env step, the network in float32 and in bfloat16;
+  learner updates/s on its own (batch 32 from a filled replay), float32 and bfloat16.
 Rates are ratios to the raw env rate measured in the same run, because these machines are noisy.
 
 With `--cleanrl PATH/dqn_atari.py [--cleanrl-python PYTHON]` it also runs CleanRL's single-process DQN on Pong
@@ -95,7 +95,7 @@ def acting_process(cfg, seconds: float) -> float:
     torch.set_num_threads(cfg.collectors.torch_threads)
     E = cfg.env.envs_per_collector
     env = make_vector_env(cfg.env, E, seed=0)
-    net = QNetwork(env.spec.obs_shape, env.spec.num_actions).eval()
+    net = QNetwork.for_env(env.spec.obs_shape, env.spec.num_actions, cfg.network).eval()
     builder = ChunkBuilder(cfg.collectors.chunk_steps, E, env.spec)
     epsilons = dqn.apex_epsilons(E, 0, E)
     generator = torch.Generator().manual_seed(0)
@@ -188,7 +188,7 @@ def main() -> None:
     report("raw vector env: gymnasium SyncVectorEnv + AtariPreprocessing", gymnasium_env(cfg, args.seconds), base=raw)
     report("one process acting with the Q-network (no RPC)", acting_process(cfg, args.seconds), base=raw)
     steps = int(raw * 8)
-    for count in (1, 2):
+    for count in (1, 2, 4):
         s = pipeline([f"collectors.count={count}", "train.replay_ratio=0", f"train.total_env_steps={steps}"],
                      "env_steps_per_s")
         report(f"pipeline, {count} collector(s) over CPU RPC, learner not training", s["rate"], base=raw)
@@ -197,13 +197,14 @@ def main() -> None:
         before, learning = cleanrl(args.cleanrl_python, args.cleanrl, start, args.train_env_steps)
         report("CleanRL dqn_atari.py (one process) before learning starts", before, base=raw)
         report("CleanRL dqn_atari.py while learning (batch 32 every 4 steps)", learning, base=raw)
-    for threads in (1, 2):
-        s = pipeline([f"learner.torch_threads={threads}", f"train.learning_starts={start}",
+    for precision in ("fp32", "bf16"):
+        s = pipeline([f"network.precision={precision}", f"train.learning_starts={start}",
                       f"train.total_env_steps={start + args.train_env_steps}"], "env_steps_per_s_training")
-        report(f"pipeline training at replay ratio 8, learner {threads} thread(s)", s["rate"], base=raw)
+        report(f"pipeline training at replay ratio 8, network in {precision}", s["rate"], base=raw)
         report("  ... its learner updates/s (batch 32)", s["updates_per_s_training"], "updates/s")
-    for threads in (1, 2):
-        report(f"learner alone, {threads} torch thread(s), batch 32", learner_updates(cfg, threads, args.seconds),
+    for precision in ("fp32", "bf16"):
+        precise = dataclasses.replace(cfg, network=dataclasses.replace(cfg.network, precision=precision))
+        report(f"learner alone, 2 torch threads, batch 32, {precision}", learner_updates(precise, 2, args.seconds),
                "updates/s")
 
 

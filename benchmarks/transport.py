@@ -157,7 +157,7 @@ def _broadcast_collector(kind: str, port: int, collectors: int, rank: int, repor
         weights = transport.poll_weights()
         if weights is not None:
             _sync(placement.device)                  # usable on this device
-            reports.put(("b", "held", weights.version, time.monotonic(), str(weights.state["head.2.weight"].device)))
+            reports.put(("b", "held", weights.version, time.monotonic(), str(weights.state["head.weight"].device)))
         time.sleep(0.0002)
     transport.close()
 
@@ -218,7 +218,8 @@ def _ingest_collector(kind: str, port: int, collectors: int, chunk_steps: int, e
         transport.send(Chunk(rank - 1, seq, 0, frames.clone(), torch.zeros(T, E, dtype=torch.int64, device=d),
                              torch.zeros(T, E, device=d), torch.zeros(T, E, dtype=torch.bool, device=d),
                              torch.zeros(T, E, dtype=torch.bool, device=d), torch.zeros(0, dtype=torch.float64),
-                             torch.zeros(0, dtype=torch.int64)))
+                             torch.zeros(0, dtype=torch.int64), torch.zeros(T, E, device=d),
+                             torch.zeros(T, E, device=d)))
         seq += 1
     transport.close()
 

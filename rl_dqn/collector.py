@@ -35,6 +35,8 @@ class ChunkBuilder:
         shape = (self.steps, self.num_envs)
         self.frames = torch.empty(*shape, *self.spec.frame_shape, dtype=self.spec.obs_dtype, device=self.device)
         self.actions = torch.empty(shape, dtype=torch.int64, device=self.device)
+        self.q_taken = torch.zeros(shape, dtype=torch.float32, device=self.device)
+        self.q_max = torch.zeros(shape, dtype=torch.float32, device=self.device)
         self.rewards = torch.empty(shape, dtype=torch.float32)
         self.terminated = torch.empty(shape, dtype=torch.bool)
         self.first = torch.empty(shape, dtype=torch.bool)
@@ -43,12 +45,17 @@ class ChunkBuilder:
     def full(self) -> bool:
         return self.t == self.steps
 
-    def add(self, obs: torch.Tensor, obs_first: torch.Tensor, actions: torch.Tensor, result: StepResult) -> None:
-        """Records one vector step: the observation acted on (its newest frame), the action and the outcome."""
+    def add(self, obs: torch.Tensor, obs_first: torch.Tensor, actions: torch.Tensor, result: StepResult,
+            q_values: torch.Tensor | None = None) -> None:
+        """Records one vector step: the observation acted on (its newest frame), the action, the outcome and,
+        when given, the Q-values it was chosen from (the learner derives Ape-X priorities from them)."""
         t = self.t
         self.frames[t] = obs[:, -1]
         self.first[t] = obs_first
         self.actions[t] = actions
+        if q_values is not None:
+            self.q_taken[t] = q_values.gather(1, actions[:, None]).squeeze(1)
+            self.q_max[t] = q_values.max(dim=1).values
         self.rewards[t] = result.reward
         self.terminated[t] = result.terminated
         self.t += 1
@@ -66,7 +73,8 @@ class ChunkBuilder:
         returns = torch.cat(self._ended_returns) if self._ended_returns else torch.zeros(0, dtype=torch.float64)
         lengths = torch.cat(self._ended_lengths) if self._ended_lengths else torch.zeros(0, dtype=torch.int64)
         chunk = Chunk(collector, seq, weights_version, self.frames, self.actions, self.rewards.to(self.device),
-                      self.terminated.to(self.device), self.first.to(self.device), returns, lengths)
+                      self.terminated.to(self.device), self.first.to(self.device), returns, lengths,
+                      self.q_taken, self.q_max)
         self._ended_returns, self._ended_lengths = [], []
         self.t = 0
         self._allocate()
@@ -104,7 +112,7 @@ class Collector:
 
     def _loop(self, env: VectorEnv) -> None:
         cfg, E, device = self.cfg, self.cfg.env.envs_per_collector, self.policy_device
-        net = QNetwork(env.spec.obs_shape, env.spec.num_actions, cfg.network.mlp_hidden).to(device).eval()
+        net = QNetwork.for_env(env.spec.obs_shape, env.spec.num_actions, cfg.network).to(device).eval()
         generator = torch.Generator(device=device).manual_seed(cfg.run.seed * 100_000 + self.index)
         weights = self.transport.wait_weights(cfg.cluster.join_timeout_s)
         if weights is None:
@@ -124,9 +132,10 @@ class Collector:
                 net.load_state_dict(weights.state)
                 version = weights.version
             with torch.inference_mode():
-                actions = dqn.select_actions(net(obs), epsilons, generator)
+                q_values = net(obs)
+                actions = dqn.select_actions(q_values, epsilons, generator)
             result = env.step(actions.cpu())   # the env runs on the CPU: one small copy per step on a GPU
-            builder.add(obs, obs_first, actions, result)
+            builder.add(obs, obs_first, actions, result, q_values)
             obs, obs_first = result.obs.to(device), result.first
             if builder.full:
                 ack = self.transport.send(builder.take(self.index, seq, version))

@@ -103,6 +103,11 @@ class EnvConfig:
 class NetworkConfig:
     mlp_hidden: tuple[int, ...] = (256, 256)
     """hidden layer widths of the Q-network for vector observations (image observations use the Nature CNN)"""
+    dueling: bool = False
+    """a dueling head (state value + advantages, each with its own hidden layer) instead of a plain Q head"""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """`bf16`: the torso and hidden layers compute in bfloat16 under autocast (parameters, optimizer and the
+    output layers stay float32), in the learner and the collectors; `fp32`: everything in float32"""
 
     def __post_init__(self):
         _require(len(self.mlp_hidden) >= 1 and all(h >= 1 for h in self.mlp_hidden), "network.mlp_hidden",
@@ -177,6 +182,19 @@ class TrainConfig:
     """gradients are clipped to this global L2 norm"""
     target_update_updates: int = 250
     """updates between copies of the online network into the target network"""
+    n_step: int = 3
+    """steps of reward summed before bootstrapping (1 = one-step DQN); shorter where an episode ends first"""
+    prioritized: bool = False
+    """proportional prioritized replay; false draws uniformly"""
+    priority_alpha: float = 0.6
+    """prioritized replay: a transition is drawn in proportion to (|TD error| + priority_eps)^priority_alpha"""
+    priority_beta: float = 0.4
+    """prioritized replay: importance-sampling exponent when learning starts, annealed linearly to 1 at the end"""
+    priority_eps: float = 1e-6
+    """prioritized replay: added to |TD error| so that no transition becomes undrawable"""
+    initial_priority: Literal["max", "collectors"] = "max"
+    """prioritized replay: new transitions enter with the largest priority so far (`max`), or with the n-step TD
+    error the collector computed from its own Q-values (`collectors`, as in Ape-X)"""
 
     def __post_init__(self):
         _require(self.total_env_steps >= 1, "train.total_env_steps", f"must be >= 1, got {self.total_env_steps}")
@@ -192,6 +210,11 @@ class TrainConfig:
         _require(self.max_grad_norm > 0.0, "train.max_grad_norm", f"must be > 0, got {self.max_grad_norm}")
         _require(self.target_update_updates >= 1, "train.target_update_updates",
                  f"must be >= 1, got {self.target_update_updates}")
+        _require(self.n_step >= 1, "train.n_step", f"must be >= 1, got {self.n_step}")
+        _require(self.priority_alpha >= 0.0, "train.priority_alpha", f"must be >= 0, got {self.priority_alpha}")
+        _require(0.0 <= self.priority_beta <= 1.0, "train.priority_beta",
+                 f"must be in [0, 1], got {self.priority_beta}")
+        _require(self.priority_eps > 0.0, "train.priority_eps", f"must be > 0, got {self.priority_eps}")
 
 
 @dataclass(frozen=True)
@@ -275,6 +298,25 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True)
+class EvalConfig:
+    every_env_steps: int = 0
+    """env steps of the run between evaluations (greedy episodes in a process of the learner's node that feeds no
+    replay); 0 = none"""
+    episodes: int = 10
+    """episodes per evaluation, played side by side"""
+    epsilon: float = 0.01
+    """epsilon of the evaluation episodes (0.001 - 0.05 is usual for Atari)"""
+    torch_threads: int = 1
+    """torch intra-op threads of the evaluation process"""
+
+    def __post_init__(self):
+        _require(self.every_env_steps >= 0, "eval.every_env_steps", f"must be >= 0, got {self.every_env_steps}")
+        _require(self.episodes >= 1, "eval.episodes", f"must be >= 1, got {self.episodes}")
+        _require(0.0 <= self.epsilon <= 1.0, "eval.epsilon", f"must be in [0, 1], got {self.epsilon}")
+        _require(self.torch_threads >= 1, "eval.torch_threads", f"must be >= 1, got {self.torch_threads}")
+
+
+@dataclass(frozen=True)
 class MetricsConfig:
     interval_s: float = 10.0
     """seconds between console lines and rate scalars in TensorBoard"""
@@ -293,6 +335,7 @@ class Config:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     def __post_init__(self):
@@ -306,7 +349,7 @@ class Config:
                      f"this node's collectors take ranks {self.cluster.rank}..{last}, beyond cluster.world_size "
                      f"{world_size}; lower collectors.count or raise cluster.world_size")
         lane_steps = self.train.replay_capacity // self.num_envs
-        need = 2 * self.collectors.chunk_steps + self.env.frame_stack + 1
+        need = 2 * self.collectors.chunk_steps + self.env.frame_stack + self.train.n_step + 1
         _require(lane_steps >= need, "train.replay_capacity",
                  f"must hold at least {need} steps for each of the run's {self.num_envs} envs "
                  f"(>= {need * self.num_envs}), got {self.train.replay_capacity}")

@@ -30,16 +30,26 @@ def select_actions(q_values: torch.Tensor, epsilons: torch.Tensor, generator: to
     return torch.where(explore, random, greedy)
 
 
-def double_dqn_target(rewards: torch.Tensor, terminated: torch.Tensor, next_q_online: torch.Tensor,
-                      next_q_target: torch.Tensor, gamma: float) -> torch.Tensor:
-    """r + gamma * Q_target(s', argmax_a Q_online(s', a)), with no bootstrap from a terminal state
-    (van Hasselt et al. 2016, https://arxiv.org/abs/1509.06461). A time-limit truncation is not terminal:
-    it bootstraps, because the state after it is as valuable as any other."""
+def double_dqn_target(returns: torch.Tensor, discounts: torch.Tensor, next_q_online: torch.Tensor,
+                      next_q_target: torch.Tensor) -> torch.Tensor:
+    """R + discount * Q_target(s', argmax_a Q_online(s', a)) (van Hasselt et al. 2016,
+    https://arxiv.org/abs/1509.06461). For an n-step transition R is the discounted sum of its rewards and the
+    discount gamma^m for the m steps it spans, or 0 when the episode terminated within them. A time-limit
+    truncation is not terminal: it bootstraps, because the state after it is as valuable as any other."""
     next_actions = next_q_online.argmax(dim=1, keepdim=True)
     next_values = next_q_target.gather(1, next_actions).squeeze(1)
-    return rewards + gamma * (~terminated).float() * next_values
+    return returns + discounts * next_values
 
 
-def td_loss(q_taken: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Huber loss between Q(s, a) and the (constant) target, as in Nature DQN's error clipping."""
-    return F.smooth_l1_loss(q_taken, targets.detach())
+def td_loss(q_taken: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Huber loss between Q(s, a) and the (constant) target, as in Nature DQN's error clipping, each sample
+    scaled by its importance weight when replay is prioritized."""
+    loss = F.smooth_l1_loss(q_taken, targets.detach(), reduction="none")
+    return (loss if weights is None else loss * weights).mean()
+
+
+def beta_schedule(env_steps: int, start: float, learning_starts: int, total_env_steps: int) -> float:
+    """Prioritized replay's importance-sampling exponent, annealed linearly from `start` when learning starts to
+    1 at the end of the run."""
+    fraction = (env_steps - learning_starts) / max(total_env_steps - learning_starts, 1)
+    return start + min(max(fraction, 0.0), 1.0) * (1.0 - start)

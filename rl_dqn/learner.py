@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import dataclasses
 import json
 import os
 import threading
@@ -15,6 +16,7 @@ import torch
 from envs import EnvSpec
 from rl_dqn import dqn
 from rl_dqn.config import Config, to_dict
+from rl_dqn.evaluate import EvalResult, Evaluator
 from rl_dqn.metrics import Board, RateMeter, say
 from rl_dqn.network import QNetwork
 from rl_dqn.replay import ReplayMemory
@@ -47,14 +49,17 @@ class Learner:
         self.device = torch.device(device) if device is not None else \
             place(cfg, LEARNER_RANK, torch.cuda.device_count()).device
         torch.manual_seed(cfg.run.seed)
-        self.network = QNetwork(spec.obs_shape, spec.num_actions, cfg.network.mlp_hidden).to(self.device)
+        self.network = QNetwork.for_env(spec.obs_shape, spec.num_actions, cfg.network).to(self.device)
         self.target = copy.deepcopy(self.network)
         # The fused kernel: 0.5 ms per step for the Nature CNN on 2 CPU cores against 6 ms for the default.
         self.optimizer = torch.optim.Adam(self.network.parameters(), lr=cfg.train.lr, eps=cfg.train.adam_eps,
                                           fused=True)
-        self.replay = ReplayMemory(cfg.train.replay_capacity, cfg.num_envs, spec.frame_shape, spec.obs_dtype,
-                                   spec.frame_stack, replay_device=self.device)
-        self.generator = torch.Generator().manual_seed(cfg.run.seed)
+        t = cfg.train
+        self.replay = ReplayMemory(t.replay_capacity, cfg.num_envs, spec.frame_shape, spec.obs_dtype,
+                                   spec.frame_stack, replay_device=self.device, n_step=t.n_step, gamma=t.gamma,
+                                   prioritized=t.prioritized, alpha=t.priority_alpha, priority_eps=t.priority_eps,
+                                   initial_priority=t.initial_priority)
+        self.generator = torch.Generator(self.device).manual_seed(cfg.run.seed)
         self.env_steps = 0
         self.updates = 0
         self.weights_version = 0
@@ -76,6 +81,9 @@ class Learner:
         self._first_data_steps = 0
         self._training_start: tuple[float, int] | None = None
         self.board = Board(run_dir, cfg)
+        self.evaluator: Evaluator | None = None
+        self._next_eval = cfg.eval.every_env_steps
+        self._best_eval: float | None = None
 
     # ------------------------------------------------------------------------------------------- data in
 
@@ -120,7 +128,7 @@ class Learner:
         return wanted - self.updates * self.cfg.train.batch_size
 
     def wants_update(self) -> bool:
-        return self._owed_samples() >= self.cfg.train.batch_size
+        return self._owed_samples() >= self.cfg.train.batch_size and self.replay.ready
 
     def answers_due(self) -> bool:
         """Chunks are answered unless the learner owes more than one chunk's worth of training and can train
@@ -135,20 +143,23 @@ class Learner:
     # ------------------------------------------------------------------------------------------- training
 
     def step(self) -> None:
-        """One Double DQN update on a uniformly sampled batch."""
+        """One Double DQN update on an n-step batch, drawn uniformly or by priority (then weighted by importance
+        and re-prioritized by its TD errors)."""
         t = self.cfg.train
         if self._training_start is None:
             self._training_start = (time.monotonic(), self.env_steps)
-        batch = self.replay.sample(t.batch_size, self.generator).to(self.device)
+        beta = dqn.beta_schedule(self.env_steps, t.priority_beta, t.learning_starts, t.total_env_steps)
+        batch = self.replay.sample(t.batch_size, self.generator, beta)
         q = self.network(batch.obs).gather(1, batch.actions[:, None]).squeeze(1)
         with torch.no_grad():
-            targets = dqn.double_dqn_target(batch.rewards, batch.terminated, self.network(batch.next_obs),
-                                            self.target(batch.next_obs), t.gamma)
-        loss = dqn.td_loss(q, targets)
+            targets = dqn.double_dqn_target(batch.returns, batch.discounts, self.network(batch.next_obs),
+                                            self.target(batch.next_obs))
+        loss = dqn.td_loss(q, targets, batch.weights if t.prioritized else None)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.network.parameters(), t.max_grad_norm)
         self.optimizer.step()
+        self.replay.update_priorities(batch.index, q.detach() - targets)
         self.updates += 1
         self._update_meter.add(1)
         self._loss_sum += loss.detach()
@@ -193,6 +204,8 @@ class Learner:
                     raise TransportError(f"no data from any collector for {self.cfg.transport.rpc_timeout_s:g} s "
                                          f"(transport.rpc_timeout_s)")
                 self.transport.watch()
+                if self.cfg.eval.every_env_steps:
+                    self._evaluate()
                 if self.transport.lost:
                     # The run's membership is fixed when it starts, so a lost collector ends it (cleanly: the
                     # last checkpoint is written and the other collectors are stopped).
@@ -215,10 +228,46 @@ class Learner:
         if self.updates % self.cfg.learner.checkpoint_every_updates == 0:
             self.save_checkpoint()
 
+    # ------------------------------------------------------------------------------------------ evaluation
+
+    def _evaluate(self) -> None:
+        """Logs a finished evaluation round, and starts one with the current weights every eval.every_env_steps
+        (when the previous round is still playing, as soon as it is done)."""
+        try:
+            if self.evaluator is None:
+                self.evaluator = Evaluator(self.cfg)
+            if (result := self.evaluator.poll()) is not None:
+                self._log_eval(result)
+            if not self.evaluator.busy and self.env_steps >= self._next_eval:
+                state = {k: v.detach().to("cpu", copy=True) for k, v in self.network.state_dict().items()}
+                self.evaluator.submit(state, self.env_steps, time.monotonic() - self._started, self.weights_version)
+                self._next_eval = self.env_steps + self.cfg.eval.every_env_steps
+        except RuntimeError as e:
+            say("learner", f"evaluation stopped, training goes on: {e}")
+            self.cfg = dataclasses.replace(self.cfg, eval=dataclasses.replace(self.cfg.eval, every_env_steps=0))
+            self._close_evaluator()
+
+    def _log_eval(self, result: EvalResult) -> None:
+        scores = torch.tensor(result.scores, dtype=torch.float64)
+        mean, std = scores.mean().item(), scores.std(unbiased=False).item()
+        self._best_eval = mean if self._best_eval is None else max(self._best_eval, mean)
+        self.board.scalar("eval/episode_return", mean, result.env_steps)
+        self.board.scalar("eval/episode_return_std", std, result.env_steps)
+        # Score against wall time as its own chart: x is seconds since the learner started.
+        self.board.scalar("eval/episode_return_vs_seconds", mean, int(result.elapsed_s))
+        say("learner", f"eval at {result.env_steps:,} env steps ({result.elapsed_s:,.0f} s, weights "
+                       f"v{result.weights_version}): {mean:.2f} +- {std:.2f} over {len(result.scores)} episodes")
+
+    def _close_evaluator(self) -> None:
+        if self.evaluator is not None:
+            self.evaluator.close()
+            self.evaluator = None
+
     def close(self) -> None:
         """Final checkpoint, metrics and summary, then stop the collectors and leave. Safe to call twice."""
         if self.board is None:
             return
+        self._close_evaluator()
         try:
             self.save_checkpoint()
             self.log()
@@ -290,7 +339,7 @@ class Learner:
             "env_steps": self.env_steps, "updates": self.updates, "weights_version": self.weights_version,
             "wall_s": now - self._started, "replay_size": len(self.replay),
             "env_steps_per_s": None, "env_steps_per_s_training": None,
-            "recent_returns": list(self._returns),
+            "recent_returns": list(self._returns), "best_eval_return": self._best_eval,
             "collectors": {worker_name(collector_rank(i)): vars(s) for i, s in enumerate(self._collectors)},
             "lost_collectors": dict(self.transport.lost) if self.transport is not None else {},
         }

@@ -1,15 +1,25 @@
-"""Replay memory that stores each frame once and rebuilds observation stacks when it samples.
+"""Replay memory that stores each frame once, rebuilds observation stacks and n-step returns when it samples, and
+draws transitions uniformly or in proportion to their priority.
 
 The memory is split into one lane per env of the run; a lane holds that env's steps in order, in a ring. Entry
 `k` of a lane is what a `Chunk` carries for one step: the newest frame of the observation acted on, the action,
 the training reward, the terminal flag, and whether the observation starts an episode. The observation at `k` is
 the stack of frames `k - S + 1 .. k`, with zeros in place of frames from before its episode's first step (the
-same padding the env uses); the next observation is the stack at `k + 1`. Entry `k` is a transition only when
-`k + 1` is stored and does not start an episode (the step between an episode's last observation and the next
-episode's first is the env's reset). So a truncated episode's last transition bootstraps from its real final
-observation, and a terminal one is masked by its flag.
+same padding the env uses). Entry `k` is a transition only when `k + 1` does not start an episode (the step
+between an episode's last observation and the next episode's first is the env's reset).
 
-Memory per transition is one frame plus 14 bytes: 7,070 bytes for Atari, so 1M transitions take 7.1 GB.
+The n-step transition at `k` sums the rewards of steps `k .. k + m - 1` discounted by gamma per step and
+bootstraps from the observation at `k + m` with gamma^m, where `m` is `n` or less when the episode ends first: a
+terminal step ends the sum with no bootstrap; a truncation (time limit) bootstraps from the episode's real final
+observation. It can be drawn once entry `k + n` is stored.
+
+Drawing goes through a sum tree over every entry (`rl_dqn.sumtree`): an entry that cannot be drawn (a reset, one
+whose n steps are not all stored yet, or one whose stack lost a frame to the ring) has priority 0. Uniform replay
+gives every other entry priority 1; prioritized replay (Schaul et al. 2016, https://arxiv.org/abs/1511.05952)
+gives it (|TD error| + eps)^alpha, at first either the largest priority seen so far or the TD error the
+collector computed from its own Q-values (Ape-X), and after each update the error of the learner's batch.
+
+Memory per transition is one frame plus 26 bytes (8 more with collector priorities): 7,082 bytes for Atari.
 """
 
 from __future__ import annotations
@@ -18,100 +28,199 @@ from typing import NamedTuple
 
 import torch
 
+from rl_dqn.sumtree import SumTree
 from rl_dqn.types import Chunk
 
 
 class Batch(NamedTuple):
     obs: torch.Tensor          # [B, S, *frame_shape]
     actions: torch.Tensor      # [B] int64
-    rewards: torch.Tensor      # [B] float32
-    next_obs: torch.Tensor     # [B, S, *frame_shape]
-    terminated: torch.Tensor   # [B] bool: no bootstrap from next_obs
-
-    def to(self, device: torch.device | str) -> Batch:
-        return Batch(*(t.to(device, non_blocking=True) for t in self))
+    returns: torch.Tensor      # [B] float32: discounted sum of the m rewards up to the bootstrap
+    next_obs: torch.Tensor     # [B, S, *frame_shape]: the observation m steps later
+    discounts: torch.Tensor    # [B] float32: gamma^m, or 0 when the episode terminated within the m steps
+    index: torch.Tensor        # [B] int64: where each transition sits (for update_priorities)
+    weights: torch.Tensor      # [B] float32: importance-sampling weights (ones for uniform replay)
 
 
 class ReplayMemory:
-    """extend(lanes, chunk), sample(batch_size) -> Batch, len()."""
+    """extend(lanes, chunk), sample(batch_size) -> Batch, update_priorities(index, td_errors), len()."""
 
     def __init__(self, capacity: int, num_lanes: int, frame_shape: tuple[int, ...], frame_dtype: torch.dtype,
-                 frame_stack: int, replay_device: torch.device | str = "cpu"):
+                 frame_stack: int, replay_device: torch.device | str = "cpu", n_step: int = 1, gamma: float = 0.99,
+                 prioritized: bool = False, alpha: float = 0.6, priority_eps: float = 1e-6,
+                 initial_priority: str = "max"):
         self.lane_capacity = capacity // num_lanes
-        if self.lane_capacity < frame_stack + 1:
+        if self.lane_capacity < frame_stack + n_step + 1:
             raise ValueError(f"capacity {capacity} leaves {self.lane_capacity} steps per lane for {num_lanes} lanes; "
-                             f"need at least {frame_stack + 1}")
-        self.num_lanes = num_lanes
-        self.frame_stack = frame_stack
-        self.device = torch.device(replay_device)
+                             f"need at least frame_stack + n_step + 1 = {frame_stack + n_step + 1}")
+        if initial_priority not in ("max", "collectors"):
+            raise ValueError(f"initial_priority must be max or collectors, got {initial_priority!r}")
+        self.num_lanes, self.frame_stack, self.n_step, self.gamma = num_lanes, frame_stack, n_step, gamma
+        self.prioritized, self.alpha, self.priority_eps = prioritized, alpha, priority_eps
+        self.initial_priority = initial_priority if prioritized else "max"
+        self.device = d = torch.device(replay_device)
         shape = (num_lanes, self.lane_capacity)
-        self.frames = torch.zeros(*shape, *frame_shape, dtype=frame_dtype, device=self.device)
-        self.actions = torch.zeros(shape, dtype=torch.int64, device=self.device)
-        self.rewards = torch.zeros(shape, dtype=torch.float32, device=self.device)
-        self.terminated = torch.zeros(shape, dtype=torch.bool, device=self.device)
-        self.first = torch.zeros(shape, dtype=torch.bool, device=self.device)
+        self.frames = torch.zeros(*shape, *frame_shape, dtype=frame_dtype, device=d)
+        self.actions = torch.zeros(shape, dtype=torch.int64, device=d)
+        self.rewards = torch.zeros(shape, dtype=torch.float32, device=d)
+        self.terminated = torch.zeros(shape, dtype=torch.bool, device=d)
+        self.first = torch.zeros(shape, dtype=torch.bool, device=d)
+        if self.initial_priority == "collectors":
+            # What the collector's network said at each step: Q(s, a) of the action taken and max_a Q(s, a).
+            self.q_taken = torch.zeros(shape, dtype=torch.float32, device=d)
+            self.q_max = torch.zeros(shape, dtype=torch.float32, device=d)
         # Steps ever written to each lane; entry k of a lane sits at position k % lane_capacity.
-        self.written = torch.zeros(num_lanes, dtype=torch.int64, device=self.device)
-        self._stack_offsets = torch.arange(-frame_stack + 1, 2, device=self.device)  # k-S+1 .. k+1
+        self.written = torch.zeros(num_lanes, dtype=torch.int64, device=d)
+        self.tree = SumTree(num_lanes * self.lane_capacity, d)
+        self.max_priority = torch.ones((), dtype=torch.float64, device=d)   # largest |TD error| + eps seen
+        self._discount_powers = gamma ** torch.arange(n_step + 1, dtype=torch.float32, device=d)
+        self._ready = False
+
+    # ------------------------------------------------------------------------------------------- data in
 
     def extend(self, first_lane: int, chunk: Chunk) -> None:
-        """Appends a chunk's T steps to lanes first_lane .. first_lane + E - 1, in one copy per field."""
+        """Appends a chunk's T steps to lanes first_lane .. first_lane + E - 1, in one copy per field, and gives
+        the entries it completed their priorities."""
         steps, envs = chunk.actions.shape
+        if steps + self.frame_stack + self.n_step > self.lane_capacity:
+            raise ValueError(f"a chunk of {steps} steps does not fit a lane of {self.lane_capacity} steps with "
+                             f"frame_stack {self.frame_stack} and n_step {self.n_step}")
         lanes = torch.arange(first_lane, first_lane + envs, device=self.device)
-        ticks = self.written[lanes, None] + torch.arange(steps, device=self.device)   # [E, T]
+        before = self.written[lanes]
+        ticks = before[:, None] + torch.arange(steps, device=self.device)   # [E, T]
         positions = (lanes[:, None], ticks % self.lane_capacity)
-        for store, values in ((self.frames, chunk.frames), (self.actions, chunk.actions),
-                              (self.rewards, chunk.rewards), (self.terminated, chunk.terminated),
-                              (self.first, chunk.first)):
+        fields = [(self.frames, chunk.frames), (self.actions, chunk.actions), (self.rewards, chunk.rewards),
+                  (self.terminated, chunk.terminated), (self.first, chunk.first)]
+        if self.initial_priority == "collectors":
+            if chunk.q_taken is None or chunk.q_max is None:
+                raise ValueError("prioritized replay with collector priorities needs chunks with q_taken and q_max")
+            fields += [(self.q_taken, chunk.q_taken), (self.q_max, chunk.q_max)]
+        for store, values in fields:
             store[positions] = values.to(self.device, non_blocking=True).transpose(0, 1)
         self.written[lanes] += steps
+        self._prioritize_new(lanes, before, steps)
+
+    def _prioritize_new(self, lanes: torch.Tensor, before: torch.Tensor, steps: int) -> None:
+        S, n, cap = self.frame_stack, self.n_step, self.lane_capacity
+        base = lanes[:, None] * cap
+        # Nothing just written can be drawn yet, nor can the S - 1 entries after the ones it overwrote, whose
+        # stacks lost a frame (where nothing was overwritten, those writes go to a just-written entry instead).
+        written = before[:, None] + torch.arange(steps, device=self.device)
+        stale = before[:, None] + steps - cap + torch.arange(S - 1, device=self.device)
+        stale = torch.where(before[:, None] + steps - cap >= 1, stale, before[:, None])
+        zeros = torch.cat([written, stale], dim=1) % cap
+        self.tree.set((base + zeros).flatten(), torch.zeros((), dtype=torch.float64, device=self.device))
+        # Entries whose n-step window this chunk completed: before - n .. before + steps - n - 1, when stored whole
+        # (one below 0 does not exist: its position, a distinct one not yet written, keeps priority 0).
+        ticks = before[:, None] - n + torch.arange(steps, device=self.device)    # [E, T]
+        low, _ = self._sample_range()
+        lane = lanes[:, None].expand_as(ticks).flatten()
+        tick = ticks.flatten()
+        drawable = (tick >= low[lane]) & ~self.first[lane, (tick + 1) % cap]
+        if self.initial_priority == "collectors":
+            returns, discounts, next_tick = self._n_step(lane, tick)
+            td = returns + discounts * self.q_max[lane, next_tick % cap] - self.q_taken[lane, tick % cap]
+            td = torch.where(drawable, td.abs(), 0.0)
+            priority = self._priority(td)
+            self.max_priority = torch.maximum(self.max_priority, td.max() + self.priority_eps)
+        elif self.prioritized:
+            priority = self.max_priority ** self.alpha
+        else:
+            priority = torch.ones((), dtype=torch.float64, device=self.device)
+        self.tree.set(lane * cap + tick % cap, torch.where(drawable, priority, 0.0))
+        if not self._ready:
+            self._ready = bool(self.tree.total() > 0)
+
+    # --------------------------------------------------------------------------------------------- reading
 
     def _sample_range(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per lane, the lowest entry whose stack is still stored and the count of entries that have a successor."""
+        """Per lane, the lowest entry whose stack is still stored and the count of entries from there whose
+        n steps are stored."""
         oldest = (self.written - self.lane_capacity).clamp(min=0)
         # Once a lane has wrapped, frames before `oldest` are gone: start S-1 later so every stack is whole.
         low = torch.where(self.written > self.lane_capacity, oldest + self.frame_stack - 1, oldest)
-        count = (self.written - 1 - low).clamp(min=0)
+        count = (self.written - self.n_step - low).clamp(min=0)
         return low, count
 
     def __len__(self) -> int:
-        """Entries that can be sampled (a few of them are resets and are skipped when drawn)."""
-        return int(self._sample_range()[1].sum())
+        """Transitions that can be drawn."""
+        return self.tree.count()
 
-    def sample(self, batch_size: int, generator: torch.Generator | None = None) -> Batch:
-        """Draws `batch_size` transitions uniformly from everything stored, as whole-batch tensor ops."""
-        low, count = self._sample_range()
-        total = int(count.sum())
-        if total < batch_size:
-            raise ValueError(f"replay holds {total} transitions, fewer than a batch of {batch_size}")
-        cumulative = count.cumsum(0)
-        lanes, ticks = [], []
-        needed = batch_size
-        while needed > 0:
-            # Draw a few extra so that one round almost always covers the resets it has to drop.
-            u = torch.randint(total, (needed + needed // 8 + 4,), generator=generator).to(self.device)
-            lane = torch.searchsorted(cumulative, u, right=True)
-            tick = low[lane] + u - (cumulative[lane] - count[lane])
-            valid = ~self.first[lane, (tick + 1) % self.lane_capacity]
-            lanes.append(lane[valid][:needed])
-            ticks.append(tick[valid][:needed])
-            needed -= len(lanes[-1])
-        return self._gather(torch.cat(lanes), torch.cat(ticks))
+    @property
+    def ready(self) -> bool:
+        """Whether anything can be drawn yet."""
+        return self._ready
 
-    def _gather(self, lane: torch.Tensor, tick: torch.Tensor) -> Batch:
-        """Builds the stacks at `tick` and `tick + 1` from the S + 1 frames they share."""
-        S = self.frame_stack
-        window = tick[:, None] + self._stack_offsets                       # [B, S+1]: k-S+1 .. k+1
-        positions = window % self.lane_capacity
+    def sample(self, batch_size: int, generator: torch.Generator | None = None, beta: float = 1.0) -> Batch:
+        """Draws `batch_size` transitions (stratified over the priority mass, with replacement), as whole-batch
+        tensor ops. Importance weights (N P(i))^-beta are normalised by the batch's largest, as in Schaul et al.
+        (N cancels out), so they only ever scale the loss down."""
+        if not self._ready:
+            raise ValueError(f"replay holds no transition yet, fewer than a batch of {batch_size}")
+        index, probability = self.tree.sample(batch_size, generator)
+        lane, position = index // self.lane_capacity, index % self.lane_capacity
+        newest = self.written[lane] - 1
+        tick = newest - (newest - position) % self.lane_capacity
+        if self.prioritized:
+            weights = probability.pow(-beta)
+            weights = (weights / weights.max()).float()
+        else:
+            weights = torch.ones(batch_size, device=self.device)
+        return self._gather(lane, tick, index, weights)
+
+    def update_priorities(self, index: torch.Tensor, td_errors: torch.Tensor) -> None:
+        """New priorities from the absolute TD errors of a sampled batch (no-op for uniform replay)."""
+        if not self.prioritized:
+            return
+        errors = td_errors.detach().abs().double()
+        self.max_priority = torch.maximum(self.max_priority, errors.max() + self.priority_eps)
+        self.tree.set(index, self._priority(errors))
+
+    def _priority(self, abs_td: torch.Tensor) -> torch.Tensor:
+        return (abs_td.double() + self.priority_eps) ** self.alpha
+
+    def _n_step(self, lane: torch.Tensor, tick: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """For entries `tick` of `lane`: the discounted reward sum, the bootstrap discount (0 when terminal) and
+        the entry to bootstrap from, each [B]."""
+        n, cap = self.n_step, self.lane_capacity
+        steps = torch.arange(n, device=self.device)
+        window = (tick[:, None] + steps) % cap                             # k .. k+n-1
         rows = lane[:, None]
-        frames = self.frames[rows, positions]                              # [B, S+1, *frame]
-        # The frame at tick t belongs to an earlier episode when an episode starts in (t, k]; the same holds for
-        # both stacks, since k+1 never starts one (such entries were not drawn). A reverse cumulative OR:
-        starts = self.first[rows, positions[:, 1:S]]                       # [B, S-1]: ticks k-S+2 .. k
+        rewards, terminal = self.rewards[rows, window], self.terminated[rows, window]
+        ends = terminal.clone()
+        if n > 1:
+            # Step k+i ends a truncated episode when k+i+2 starts the next one (k+i+1 is its final observation).
+            ends[:, :n - 1] |= self.first[rows, (tick[:, None] + steps[:n - 1] + 2) % cap]
+        ended_before = (ends.long().cumsum(1) - ends.long()) > 0
+        included = ~ended_before
+        returns = (rewards * included * self._discount_powers[:n]).sum(1)
+        m = included.sum(1)
+        terminated = (terminal & included).any(1)
+        discounts = torch.where(terminated, 0.0, self._discount_powers[m])
+        return returns, discounts, tick + m
+
+    def _stack(self, lane: torch.Tensor, tick: torch.Tensor) -> torch.Tensor:
+        """The observations at `tick`: frames k-S+1 .. k, zeroed where they belong to an earlier episode."""
+        S = self.frame_stack
+        positions = (tick[:, None] + torch.arange(-S + 1, 1, device=self.device)) % self.lane_capacity
+        rows = lane[:, None]
+        frames = self.frames[rows, positions]                              # [B, S, *frame]
+        if S == 1:
+            return frames
+        # The frame at tick t belongs to an earlier episode when an episode starts in (t, k]: a reverse
+        # cumulative OR over the start flags of ticks k-S+2 .. k.
+        starts = self.first[rows, positions[:, 1:]]
         earlier = starts.flip(1).cummax(1).values.flip(1)                  # [B, S-1]: ticks k-S+1 .. k-1
-        keep = torch.ones(len(tick), S + 1, dtype=torch.bool, device=self.device)   # ticks k-S+1 .. k+1
-        keep[:, :S - 1] = ~earlier
-        frames = frames * keep.view(*keep.shape, *([1] * (frames.dim() - 2)))
-        obs, next_obs = frames[:, :S], frames[:, 1:]
+        keep = torch.cat([~earlier, torch.ones_like(earlier[:, :1])], dim=1)
+        return frames * keep.view(*keep.shape, *([1] * (frames.dim() - 2)))
+
+    def _gather(self, lane: torch.Tensor, tick: torch.Tensor, index: torch.Tensor | None = None,
+                weights: torch.Tensor | None = None) -> Batch:
+        returns, discounts, next_tick = self._n_step(lane, tick)
         k = tick % self.lane_capacity
-        return Batch(obs, self.actions[lane, k], self.rewards[lane, k], next_obs, self.terminated[lane, k])
+        if index is None:
+            index = lane * self.lane_capacity + k
+        if weights is None:
+            weights = torch.ones(len(tick), device=self.device)
+        return Batch(self._stack(lane, tick), self.actions[lane, k], returns, self._stack(lane, next_tick),
+                     discounts, index, weights)

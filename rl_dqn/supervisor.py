@@ -29,7 +29,7 @@ class _Role:
         self.spec = spec
         self.tail: collections.deque[str] = collections.deque(maxlen=20)
         self.process = subprocess.Popen(spec.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        text=True, bufsize=1, start_new_session=True, preexec_fn=_die_with_parent)
+                                        text=True, bufsize=1, start_new_session=True, preexec_fn=die_with_parent)
         self._reader = threading.Thread(target=self._forward, daemon=True)
         self._reader.start()
 
@@ -55,7 +55,7 @@ class _Role:
         self._reader.join(timeout=2.0)
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Children get SIGTERM if this process dies without cleaning up (Linux prctl PR_SET_PDEATHSIG)."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)

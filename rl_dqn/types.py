@@ -36,6 +36,10 @@ class Chunk(NamedTuple):
     """[K] float64 raw game scores of the K episodes that ended in this chunk"""
     episode_lengths: torch.Tensor
     """[K] int64 agent steps of those episodes"""
+    q_taken: torch.Tensor | None = None
+    """[T, E] float32 the collector's Q(s, a) for the action taken (for Ape-X initial priorities)"""
+    q_max: torch.Tensor | None = None
+    """[T, E] float32 the collector's max_a Q(s, a)"""
 
     @property
     def env_steps(self) -> int:

@@ -40,7 +40,8 @@ def make_chunk(collector: int, seq: int, kind: str = "cpu") -> Chunk:
     return Chunk(collector, seq, 0, torch.full((T, E, 4), float(value), device=d),
                  torch.zeros(T, E, dtype=torch.int64, device=d), torch.ones(T, E, device=d),
                  torch.zeros(T, E, dtype=torch.bool, device=d), torch.zeros(T, E, dtype=torch.bool, device=d),
-                 torch.tensor([float(value)], dtype=torch.float64), torch.tensor([7]))
+                 torch.tensor([float(value)], dtype=torch.float64), torch.tensor([7]),
+                 torch.full((T, E), value / 2, device=d), torch.full((T, E), float(value), device=d))
 
 
 def weights(version: int, kind: str = "cpu") -> Weights:
@@ -130,11 +131,9 @@ def stalled_learner(port: int, kind: str, events) -> None:
     transport = LearnerTransport(cfg, threading.Event(), place(cfg, 0, torch.cuda.device_count()))
     transport.publish(weights(0))
     _wait(lambda: transport.receive(timeout=0.05), 30, "a chunk")
+    # `events` is this process's own queue: stopped while its feeder thread holds a queue's write lock (the test
+    # may read the event before the lock is let go), it would block every other writer of that queue.
     events.put(("learner", "took a chunk", os.getpid()))
-    # Flush now: stopped while its feeder thread held the queue's shared write lock, this process would keep
-    # every other process's events from reaching the test.
-    events.close()
-    events.join_thread()
     time.sleep(600)
 
 

@@ -9,18 +9,26 @@ from rl_dqn import dqn
 
 
 def test_double_dqn_target_by_hand():
-    rewards = torch.tensor([1.0, 0.0, -1.0])
-    terminated = torch.tensor([False, True, False])
+    returns = torch.tensor([1.0, 0.0, -1.0])
+    discounts = torch.tensor([0.9, 0.0, 0.81])            # one step; terminal; two steps
     next_q_online = torch.tensor([[1.0, 3.0], [5.0, 2.0], [0.5, 0.2]])   # argmax: 1, 0, 0
     next_q_target = torch.tensor([[10.0, 20.0], [30.0, 40.0], [7.0, 8.0]])
-    targets = dqn.double_dqn_target(rewards, terminated, next_q_online, next_q_target, gamma=0.9)
-    # 1 + 0.9 * 20; terminal: no bootstrap; -1 + 0.9 * 7 (the online net's choice, not the target's max of 8)
-    assert targets.tolist() == pytest.approx([19.0, 0.0, 5.3])
+    targets = dqn.double_dqn_target(returns, discounts, next_q_online, next_q_target)
+    # 1 + 0.9 * 20; terminal: no bootstrap; -1 + 0.81 * 7 (the online net's choice, not the target's max of 8)
+    assert targets.tolist() == pytest.approx([19.0, 0.0, -1 + 0.81 * 7])
 
 
 def test_huber_loss_by_hand():
     loss = dqn.td_loss(torch.tensor([0.0, 3.0]), torch.tensor([0.5, 0.0]))
     assert loss.item() == pytest.approx((0.5 * 0.5 ** 2 + (3.0 - 0.5)) / 2)
+    weighted = dqn.td_loss(torch.tensor([0.0, 3.0]), torch.tensor([0.5, 0.0]), torch.tensor([1.0, 0.25]))
+    assert weighted.item() == pytest.approx((0.5 * 0.5 ** 2 + 0.25 * (3.0 - 0.5)) / 2)
+
+
+def test_beta_is_annealed_to_one_over_the_run():
+    assert dqn.beta_schedule(0, 0.4, 1000, 11000) == pytest.approx(0.4)
+    assert dqn.beta_schedule(6000, 0.4, 1000, 11000) == pytest.approx(0.7)
+    assert dqn.beta_schedule(20000, 0.4, 1000, 11000) == pytest.approx(1.0)
 
 
 def test_apex_epsilons():

@@ -83,6 +83,10 @@ def test_smoke_run_end_to_end(runs):
     for tag in TAGS:
         assert values.get(tag), f"TensorBoard tag {tag} holds no value"
     assert all(-21 <= r <= 21 for r in values["collector/episode_return"])   # raw Pong scores
+    # Evaluation every 1,000 env steps in its own process: raw scores of whole (time-limited) episodes.
+    assert values.get("eval/episode_return") and values.get("eval/episode_return_vs_seconds")
+    assert all(-21 <= r <= 21 for r in values["eval/episode_return"])
+    assert summary["best_eval_return"] == max(values["eval/episode_return"])
     assert max(values["weights/version"]) > 0
     written = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert written == to_dict(load_config(ROOT / "configs/smoke.yaml", [

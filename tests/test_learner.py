@@ -27,7 +27,8 @@ def chain_chunk(collector: int, seq: int, episodes: int, envs: int = 2) -> Chunk
     terminated = torch.tensor([False, True, False] * episodes).view(T, 1).expand(-1, envs).clone()
     first = torch.tensor([True, False, False] * episodes).view(T, 1).expand(-1, envs).clone()
     return Chunk(collector, seq, 0, frames, actions, rewards, terminated, first,
-                 torch.ones(episodes * envs, dtype=torch.float64), torch.full((episodes * envs,), 2))
+                 torch.ones(episodes * envs, dtype=torch.float64), torch.full((episodes * envs,), 2),
+                 torch.zeros(T, envs), torch.zeros(T, envs))   # the collector's Q-values: an untrained network
 
 
 def make_learner(tmp_path, *overrides) -> Learner:

@@ -15,11 +15,12 @@ from rl_dqn.replay import ReplayMemory
 from rl_dqn.types import Chunk
 
 
-def hand_chunk(values, first, terminated=None, actions=None) -> Chunk:
+def hand_chunk(values, first, terminated=None, actions=None, rewards=None) -> Chunk:
     """One env, frames of shape (1,) holding readable values."""
     T = len(values)
     return Chunk(0, 0, 0, torch.tensor(values, dtype=torch.float32).view(T, 1, 1),
-                 torch.tensor(actions or list(range(T))).view(T, 1), torch.ones(T, 1),
+                 torch.tensor(actions or list(range(T))).view(T, 1),
+                 torch.tensor(rewards, dtype=torch.float32).view(T, 1) if rewards else torch.ones(T, 1),
                  torch.tensor(terminated or [False] * T, dtype=torch.bool).view(T, 1),
                  torch.tensor(first, dtype=torch.bool).view(T, 1),
                  torch.zeros(0, dtype=torch.float64), torch.zeros(0, dtype=torch.int64))
@@ -28,16 +29,17 @@ def hand_chunk(values, first, terminated=None, actions=None) -> Chunk:
 def test_stacks_by_hand():
     # Ticks 0..7 hold frames 1..8. An episode starts at 0 and another at 4: tick 3 was the first episode's
     # final observation, and 3 -> 4 was the env's reset, not a transition.
-    replay = ReplayMemory(capacity=100, num_lanes=1, frame_shape=(1,), frame_dtype=torch.float32, frame_stack=3)
+    replay = ReplayMemory(capacity=100, num_lanes=1, frame_shape=(1,), frame_dtype=torch.float32, frame_stack=3,
+                          gamma=0.5)
     replay.extend(0, hand_chunk([1, 2, 3, 4, 5, 6, 7, 8], first=[1, 0, 0, 0, 1, 0, 0, 0],
                                 terminated=[0, 0, 1, 0, 0, 0, 0, 0]))
     batch = replay._gather(torch.tensor([0, 0, 0]), torch.tensor([1, 2, 5]))
     assert batch.obs.flatten(1).tolist() == [[0, 1, 2], [1, 2, 3], [0, 5, 6]]
     assert batch.next_obs.flatten(1).tolist() == [[1, 2, 3], [2, 3, 4], [5, 6, 7]]
-    assert batch.terminated.tolist() == [False, True, False]
+    assert batch.discounts.tolist() == [0.5, 0.0, 0.5]
     assert batch.actions.tolist() == [1, 2, 5]
     # Transitions: 0,1,2 and 4,5,6; not 3 (reset) and not 7 (no successor yet).
-    assert len(replay) == 7
+    assert len(replay) == 6
     generator = torch.Generator().manual_seed(0)
     drawn = {tuple(o) for _ in range(100) for o in replay.sample(7, generator).obs.flatten(1).tolist()}
     assert drawn == {(0, 0, 1), (0, 1, 2), (1, 2, 3), (0, 0, 5), (0, 5, 6), (5, 6, 7)}
@@ -52,10 +54,101 @@ def test_a_chunk_bridges_into_the_next_one():
     assert batch.obs.flatten().tolist() == [2, 3] and batch.next_obs.flatten().tolist() == [3, 4]
 
 
+def one_lane(n_step: int, frame_stack: int = 1, **kwargs) -> ReplayMemory:
+    return ReplayMemory(capacity=100, num_lanes=1, frame_shape=(1,), frame_dtype=torch.float32,
+                        frame_stack=frame_stack, n_step=n_step, gamma=0.5, **kwargs)
+
+
+def test_n_step_returns_across_a_terminal_by_hand():
+    # Ticks 0..9, rewards 1, 2, 4, ...; the step from tick 3 is terminal (tick 4 is the final observation, 4 -> 5
+    # the reset) and a new episode runs from tick 5.
+    replay = one_lane(n_step=3)
+    replay.extend(0, hand_chunk(list(range(10)), first=[1, 0, 0, 0, 0, 1, 0, 0, 0, 0],
+                                terminated=[0, 0, 0, 1, 0, 0, 0, 0, 0, 0], rewards=[2.0 ** i for i in range(10)]))
+    ticks = torch.tensor([0, 1, 2, 3, 5, 6])
+    batch = replay._gather(torch.zeros(6, dtype=torch.int64), ticks)
+    assert batch.returns.tolist() == [1 + 0.5 * 2 + 0.25 * 4, 2 + 0.5 * 4 + 0.25 * 8, 4 + 0.5 * 8, 8,
+                                      32 + 0.5 * 64 + 0.25 * 128, 64 + 0.5 * 128 + 0.25 * 256]
+    assert batch.discounts.tolist() == [0.125, 0.0, 0.0, 0.0, 0.125, 0.125]
+    assert batch.next_obs.flatten().tolist() == [3, 4, 4, 4, 8, 9]
+    # Drawable: those six; not 4 (the reset), not 7..9 (their three steps are not all stored yet).
+    assert len(replay) == 6
+    drawn = set(replay.sample(64, torch.Generator().manual_seed(0)).obs.flatten().tolist())
+    assert drawn == {0, 1, 2, 3, 5, 6}
+
+
+def test_n_step_returns_across_a_truncation_by_hand():
+    # An episode truncated after ticks 0..2 (tick 2 is its final observation, 2 -> 3 the reset): it bootstraps
+    # from tick 2 with gamma^m for the m steps that remained.
+    replay = one_lane(n_step=3)
+    replay.extend(0, hand_chunk(list(range(8)), first=[1, 0, 0, 1, 0, 0, 0, 0], rewards=[2.0 ** i for i in range(8)]))
+    batch = replay._gather(torch.zeros(3, dtype=torch.int64), torch.tensor([0, 1, 3]))
+    assert batch.returns.tolist() == [1 + 0.5 * 2, 2, 8 + 0.5 * 16 + 0.25 * 32]
+    assert batch.discounts.tolist() == [0.25, 0.5, 0.125]
+    assert batch.next_obs.flatten().tolist() == [2, 2, 6]
+    assert len(replay) == 4   # 0, 1, 3, 4
+
+
+def test_one_step_is_the_plain_dqn_transition():
+    replay = one_lane(n_step=1, frame_stack=2)
+    replay.extend(0, hand_chunk([1, 2, 3, 4], first=[1, 0, 0, 0], terminated=[0, 1, 0, 0], rewards=[5, 6, 7, 8]))
+    batch = replay._gather(torch.zeros(2, dtype=torch.int64), torch.tensor([0, 1]))
+    assert batch.returns.tolist() == [5, 6] and batch.discounts.tolist() == [0.5, 0.0]
+    assert batch.obs.flatten(1).tolist() == [[0, 1], [1, 2]] and batch.next_obs.flatten(1).tolist() == [[1, 2], [2, 3]]
+
+
+def test_importance_weights_by_hand():
+    replay = one_lane(n_step=1, prioritized=True, alpha=0.5, priority_eps=1e-12)
+    replay.extend(0, hand_chunk([0, 1, 2, 3, 4], first=[1, 0, 0, 0, 0]))
+    index = torch.tensor([0, 1, 2, 3])
+    # |TD| 1, 4, 16, 9 -> priorities sqrt: 1, 2, 4, 3 -> P = 0.1, 0.2, 0.4, 0.3
+    replay.update_priorities(index, torch.tensor([1.0, -4.0, 16.0, -9.0]))
+    batch = replay.sample(64, torch.Generator().manual_seed(0), beta=1.0)
+    # w = (N P)^-beta over the batch's largest; entry 0 (the rarest) is always drawn by the first stratum
+    expected = {0: 1.0, 1: 0.5, 2: 0.25, 3: 1 / 3}
+    assert 0 in batch.index.tolist()
+    for i, w in zip(batch.index.tolist(), batch.weights.tolist()):
+        assert w == pytest.approx(expected[i], rel=1e-6)
+    assert batch.obs.flatten().tolist() == batch.index.float().tolist()
+    half = replay.sample(64, torch.Generator().manual_seed(0), beta=0.5)
+    for i, w in zip(half.index.tolist(), half.weights.tolist()):
+        assert w == pytest.approx(expected[i] ** 0.5, rel=1e-6)
+    # Drawn in proportion: 6.4, 12.8, 25.6 and 19.2 of 64, one per stratum, so within one of that.
+    counts = torch.bincount(batch.index, minlength=4).tolist()
+    assert all(abs(c - 64 * p) <= 1 for c, p in zip(counts, [0.1, 0.2, 0.4, 0.3]))
+
+
+def test_new_transitions_enter_with_the_collectors_td_error():
+    replay = one_lane(n_step=2, prioritized=True, alpha=1.0, priority_eps=1e-12, initial_priority="collectors")
+    chunk = hand_chunk([0, 1, 2, 3], first=[1, 0, 0, 0], rewards=[1, 1, 1, 1])
+    replay.extend(0, chunk._replace(q_taken=torch.tensor([[3.0], [0.0], [0.0], [0.0]]),
+                                    q_max=torch.tensor([[0.0], [0.0], [4.0], [8.0]])))
+    # Entry 0: 1 + 0.5 * 1 + 0.25 * max Q(tick 2) - Q(tick 0, a) = 1.5 + 1 - 3 = -0.5; entry 1: 1.5 + 2 - 0 = 3.5
+    assert replay.tree.get(torch.tensor([0, 1, 2, 3])).tolist() == pytest.approx([0.5, 3.5, 0.0, 0.0])
+    assert replay.max_priority.item() == pytest.approx(3.5)
+
+
+def test_a_lane_that_wraps_never_draws_a_stack_it_lost():
+    replay = ReplayMemory(capacity=12, num_lanes=1, frame_shape=(1,), frame_dtype=torch.float32, frame_stack=3,
+                          n_step=2, gamma=0.5)
+    for start in range(0, 40, 4):
+        replay.extend(0, hand_chunk(list(range(start + 1, start + 5)), first=[start == 0, 0, 0, 0]))
+        written = start + 4
+        drawable = {int(o[-1]) for o in replay.sample(256, torch.Generator().manual_seed(start)).obs.flatten(1)}
+        # Frames 1.. sit at ticks 0..; tick k is drawable when k+2 is stored and its whole stack is in the ring.
+        oldest = max(written - 12, 0)
+        low = oldest + 2 if written > 12 else 0
+        assert drawable == {k + 1 for k in range(low, written - 2)}, (start, drawable)
+
+
 def test_memory_per_transition_is_one_frame_plus_scalars():
-    replay = ReplayMemory(capacity=1000, num_lanes=4, frame_shape=(84, 84), frame_dtype=torch.uint8, frame_stack=4)
-    stored = sum(t.nbytes for t in (replay.frames, replay.actions, replay.rewards, replay.terminated, replay.first))
-    assert stored / 1000 == 84 * 84 + 14
+    replay = ReplayMemory(capacity=100_000, num_lanes=4, frame_shape=(84, 84), frame_dtype=torch.uint8,
+                          frame_stack=4)
+    tensors = [t for t in vars(replay).values() if isinstance(t, torch.Tensor)]
+    tensors += [t for t in vars(replay.tree).values() if isinstance(t, torch.Tensor)]
+    tensors += [t for level in getattr(replay.tree, "levels", []) for t in [level]]
+    stored = sum(t.nbytes for t in tensors)
+    assert 84 * 84 + 14 + 8 <= stored / 100_000 <= 84 * 84 + 27
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -67,7 +160,7 @@ def test_replay_stacks_equal_the_env_stacks(seed):
     env = make_vector_env(cfg, E, seed)
     spec: EnvSpec = env.spec
     replay = ReplayMemory(capacity=6 * 60, num_lanes=6, frame_shape=spec.frame_shape, frame_dtype=spec.obs_dtype,
-                          frame_stack=spec.frame_stack)
+                          frame_stack=spec.frame_stack, n_step=1, gamma=0.9)
     builder = ChunkBuilder(T, E, spec)
     generator = torch.Generator().manual_seed(seed)
     seen_obs, seen_actions, seen_rewards, seen_terminated, starts = [], [], [], [], 0
@@ -102,8 +195,8 @@ def test_replay_stacks_equal_the_env_stacks(seed):
             batch = replay._gather(torch.tensor([lane]), torch.tensor([k]))
             assert torch.equal(batch.obs[0], seen_obs[k, e]), (lane, k)
             assert torch.equal(batch.next_obs[0], seen_obs[k + 1, e]), (lane, k)
-            assert batch.actions[0] == seen_actions[k][e] and batch.rewards[0] == seen_rewards[k][e]
-            assert batch.terminated[0] == seen_terminated[k][e]
+            assert batch.actions[0] == seen_actions[k][e] and batch.returns[0] == seen_rewards[k][e]
+            assert batch.discounts[0] == (0.0 if seen_terminated[k][e] else 0.9)
             checked += 1
     assert low[3] >= ticks - replay.lane_capacity and checked > 150
 
@@ -125,6 +218,6 @@ def replay_first_of(seen_obs: torch.Tensor, k: int, e: int) -> bool:
 
 def test_sampling_an_almost_empty_memory_says_so():
     replay = ReplayMemory(capacity=100, num_lanes=1, frame_shape=(1,), frame_dtype=torch.float32, frame_stack=1)
-    replay.extend(0, hand_chunk([1, 2], first=[1, 0]))
-    with pytest.raises(ValueError, match="fewer than a batch"):
+    replay.extend(0, hand_chunk([1, 2], first=[1, 1]))   # an episode of one observation: no transition yet
+    with pytest.raises(ValueError, match="no transition yet"):
         replay.sample(32)

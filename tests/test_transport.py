@@ -95,13 +95,13 @@ def test_collector_notices_a_hung_learner(kind):
     """A learner that stops answering (SIGSTOP) is found by the ping within a few transport.rpc_timeout_s (1 s)."""
     port = free_port()
     context = multiprocessing.get_context("spawn")
-    events = context.Queue()
-    learner = context.Process(target=rpc_scenarios.stalled_learner, args=(port, kind, events))
+    events, learner_events = context.Queue(), context.Queue()   # the learner's own: see stalled_learner
+    learner = context.Process(target=rpc_scenarios.stalled_learner, args=(port, kind, learner_events))
     collector = context.Process(target=rpc_scenarios.waiting_collector, args=(port, kind, events))
     learner.start()
     collector.start()
     try:
-        who, what, pid = events.get(timeout=60)
+        who, what, pid = learner_events.get(timeout=60)
         assert (who, what) == ("learner", "took a chunk")
         os.kill(pid, signal.SIGSTOP)
         stopped = time.monotonic()

@@ -1,0 +1,112 @@
+"""Learner speed on its own: updates/s and samples/s at several batch sizes, and the share of sampling in an update.
+
+    python benchmarks/learner.py [--seconds 10] [--batches 32,256,512] [--devices cpu,cuda] [--replay 200000]
+
+For each device present (CPU, and the GPU when there is one), each batch size and each of: uniform 1-step replay
+in float32 (configs/pong.yaml), and prioritized 3-step replay with a dueling network, in float32 and in bfloat16
+(configs/pong_apex.yaml), it fills a replay of Pong-shaped frames on that device and times Learner.step() (sample,
+Double DQN update, new priorities) and replay.sample() alone. The CPU runs with all cores as torch threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from envs import EnvSpec  # noqa: E402
+from rl_dqn.config import load_config  # noqa: E402
+from rl_dqn.learner import Learner  # noqa: E402
+from rl_dqn.types import Chunk  # noqa: E402
+
+SPEC = EnvSpec(obs_shape=(4, 84, 84), obs_dtype=torch.uint8, num_actions=6)
+SETUPS = {
+    "uniform, 1-step, fp32": ("pong.yaml", []),
+    "PER, 3-step, dueling, fp32": ("pong_apex.yaml", ["network.precision=fp32"]),
+    "PER, 3-step, dueling, bf16": ("pong_apex.yaml", ["network.precision=bf16"]),
+}
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(call, device: torch.device, seconds: float) -> float:
+    """Seconds per call, after a warm-up, over about `seconds`."""
+    for _ in range(5):
+        call()
+    synchronize(device)
+    calls, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        call()
+        calls += 1
+        if calls % 10 == 0:
+            synchronize(device)
+    synchronize(device)
+    return (time.perf_counter() - started) / calls
+
+
+def filled_learner(config: str, overrides: list[str], device: str, batch: int, transitions: int,
+                   run_dir: Path) -> Learner:
+    cfg = load_config(ROOT / "configs" / config, [
+        "run.name=bench", f"learner.device={device}", f"train.batch_size={batch}", "collectors.count=2",
+        "env.envs_per_collector=8", f"train.replay_capacity={transitions}", "train.learning_starts=1000",
+        *overrides])
+    learner = Learner(cfg, SPEC, run_dir, device=device)
+    T, E = 64, cfg.env.envs_per_collector
+    generator = torch.Generator().manual_seed(0)
+    for seq in range(transitions // (T * E * cfg.num_collectors)):
+        for collector in range(cfg.num_collectors):
+            learner.ingest(Chunk(collector, seq, 0,
+                                 torch.randint(0, 255, (T, E, 84, 84), dtype=torch.uint8, generator=generator),
+                                 torch.randint(0, 6, (T, E), generator=generator), torch.randn(T, E),
+                                 torch.rand(T, E, generator=generator) < 0.01,
+                                 torch.rand(T, E, generator=generator) < 0.002,
+                                 torch.zeros(0, dtype=torch.float64), torch.zeros(0, dtype=torch.int64),
+                                 torch.randn(T, E, generator=generator), torch.randn(T, E, generator=generator)))
+    return learner
+
+
+def measure(learner: Learner, seconds: float) -> tuple[float, float]:
+    """Seconds per update, and per sample() alone."""
+    replay, generator, batch = learner.replay, learner.generator, learner.cfg.train.batch_size
+    step = timed(learner.step, learner.device, seconds)
+    sample = timed(lambda: replay.sample(batch, generator, 0.5), learner.device, seconds / 2)
+    learner.board.close()
+    return step, sample
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=10.0, help="seconds per measurement")
+    parser.add_argument("--batches", default="32,256,512")
+    parser.add_argument("--devices", default="cpu,cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--replay", type=int, default=200_000, help="transitions in the replay")
+    args = parser.parse_args()
+    torch.set_num_threads(os.cpu_count() or 1)
+    gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
+    print(f"rl_dqn learner on {os.cpu_count()} CPU cores{gpu}, torch {torch.__version__}, replay "
+          f"{args.replay:,} Pong transitions ({time.strftime('%Y-%m-%d')})", flush=True)
+    print(f"  {'device':<6} {'replay and network':<28} {'batch':>5} {'updates/s':>10} {'samples/s':>10} "
+          f"{'sampling share':>15}", flush=True)
+    for device in args.devices.split(","):
+        for label, (config, overrides) in SETUPS.items():
+            for batch in (int(b) for b in args.batches.split(",")):
+                with tempfile.TemporaryDirectory() as run_dir:
+                    step, sample = measure(filled_learner(config, overrides, device, batch, args.replay,
+                                                          Path(run_dir)), args.seconds)
+                print(f"  {device:<6} {label:<28} {batch:>5} {1 / step:>10,.1f} {batch / step:>10,.0f} "
+                      f"{sample / step:>14.0%}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
