@@ -3,9 +3,10 @@
     python benchmarks/learner.py [--seconds 10] [--batches 32,256,512] [--devices cpu,cuda] [--replay 200000]
 
 For each device present (CPU, and the GPU when there is one), each batch size and each of: uniform 1-step replay
-in float32 (configs/pong.yaml), and prioritized 3-step replay with a dueling network, in float32 and in bfloat16
-(configs/pong_apex.yaml), it fills a replay of Pong-shaped frames on that device and times Learner.step() (sample,
-Double DQN update, new priorities) and replay.sample() alone. The CPU runs with all cores as torch threads.
+(configs/pong.yaml) and prioritized 3-step replay with a dueling network (configs/pong_apex.yaml), each with the
+network in float32 and in bfloat16, it fills a replay of Pong-shaped frames on that device and times
+Learner.step() (sample, Double DQN update, new priorities) and replay.sample() alone. The CPU runs with all cores
+as torch threads.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from rl_dqn.types import Chunk  # noqa: E402
 
 SPEC = EnvSpec(obs_shape=(4, 84, 84), obs_dtype=torch.uint8, num_actions=6)
 SETUPS = {
-    "uniform, 1-step, fp32": ("pong.yaml", []),
+    "uniform, 1-step, fp32": ("pong.yaml", ["network.precision=fp32"]),
+    "uniform, 1-step, bf16": ("pong.yaml", ["network.precision=bf16"]),
     "PER, 3-step, dueling, fp32": ("pong_apex.yaml", ["network.precision=fp32"]),
     "PER, 3-step, dueling, bf16": ("pong_apex.yaml", ["network.precision=bf16"]),
 }
