@@ -125,12 +125,18 @@ def contract_collector(port: int, kind: str, index: int, events) -> None:
 # ---------------------------------------------------------------------------- a learner that hangs or dies
 
 
-def stalled_learner(port: int, kind: str, events) -> None:
-    """Takes chunks and never answers; the test stops this process (SIGSTOP) as if it hung."""
+def _learner_that_took_a_chunk(port: int, kind: str) -> LearnerTransport:
+    """A learner of a one-collector run that has published weights and received a chunk it will not answer."""
     cfg = config(port, kind, world_size=2)
     transport = LearnerTransport(cfg, threading.Event(), place(cfg, 0, torch.cuda.device_count()))
     transport.publish(weights(0))
     _wait(lambda: transport.receive(timeout=0.05), 30, "a chunk")
+    return transport
+
+
+def stalled_learner(port: int, kind: str, events) -> None:
+    """Takes chunks and never answers; the test stops this process (SIGSTOP) as if it hung."""
+    _learner_that_took_a_chunk(port, kind)
     # `events` is this process's own queue: stopped while its feeder thread holds a queue's write lock (the test
     # may read the event before the lock is let go), it would block every other writer of that queue.
     events.put(("learner", "took a chunk", os.getpid()))
@@ -138,43 +144,35 @@ def stalled_learner(port: int, kind: str, events) -> None:
 
 
 def dying_learner(port: int, kind: str, events) -> None:
-    cfg = config(port, kind, world_size=2)
-    transport = LearnerTransport(cfg, threading.Event(), place(cfg, 0, torch.cuda.device_count()))
-    transport.publish(weights(0))
-    _wait(lambda: transport.receive(timeout=0.05), 30, "a chunk")
+    _learner_that_took_a_chunk(port, kind)
     events.put(("learner", "dying", time.monotonic()))
     events.close()
     events.join_thread()          # the event must leave before the process does
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def orphaned_collector(port: int, kind: str, events) -> None:
+def _send_until_an_error(port: int, kind: str, events, chunks: int, pause_s: float) -> None:
+    """A lone collector sends `chunks` chunks `pause_s` apart and reports the TransportError that stops it
+    (None if none did)."""
     cfg = config(port, kind, world_size=2)
     transport = CollectorTransport(cfg, 0, threading.Event(), place(cfg, 1, torch.cuda.device_count()))
     transport.wait_weights(timeout=30)
     try:
-        for seq in range(1000):
+        for seq in range(chunks):
             transport.send(make_chunk(0, seq))
-            time.sleep(0.05)
+            time.sleep(pause_s)
         events.put(("collector0", "error", None))
     except TransportError as e:
         events.put(("collector0", "error", (str(e), time.monotonic())))
     finally:
         transport.close()
     events.put(("collector0", "closed", True))
+
+
+def orphaned_collector(port: int, kind: str, events) -> None:
+    _send_until_an_error(port, kind, events, chunks=1000, pause_s=0.05)
 
 
 def waiting_collector(port: int, kind: str, events) -> None:
     """Sends until it has to wait for an answer, and reports how that wait ends."""
-    cfg = config(port, kind, world_size=2)
-    transport = CollectorTransport(cfg, 0, threading.Event(), place(cfg, 1, torch.cuda.device_count()))
-    transport.wait_weights(timeout=30)
-    try:
-        for seq in range(10):
-            transport.send(make_chunk(0, seq))
-        events.put(("collector0", "error", None))
-    except TransportError as e:
-        events.put(("collector0", "error", (str(e), time.monotonic())))
-    finally:
-        transport.close()
-    events.put(("collector0", "closed", True))
+    _send_until_an_error(port, kind, events, chunks=10, pause_s=0.0)
