@@ -63,6 +63,16 @@ def _placement(cfg: Config, rank: int):
     return place(cfg, rank, torch.cuda.device_count())
 
 
+def _check_interface(cfg: Config) -> None:
+    """cluster.interface names an interface of this node with an IPv4 address (every socket listens there)."""
+    from rl_dqn.transport.membership import MembershipError, interface_address
+    if cfg.cluster.interface:
+        try:
+            interface_address(cfg.cluster.interface)
+        except MembershipError as e:
+            raise ConfigError("cluster.interface", str(e).removeprefix("cluster.interface: ")) from None
+
+
 def _check_env(cfg: Config):
     from envs import EnvError, describe_env
     try:
@@ -72,10 +82,15 @@ def _check_env(cfg: Config):
 
 
 def _make_run_dir(cfg: Config) -> Path:
-    """Creates runs/<run.name>/, which must be new or empty and writable."""
+    """Creates runs/<run.name>/, which must be new or empty and writable; a resumed run's must hold a checkpoint."""
     folder = run_dir(cfg)
-    if folder.exists() and any(folder.iterdir()):
-        raise ConfigError("run.name", f"{folder} already holds a run; choose another run.name")
+    if cfg.run.resume:
+        if not list((folder / "checkpoints").glob("checkpoint_*.pt")):
+            raise ConfigError("run.resume", f"{folder} holds no checkpoint to resume from; give the run.name of an "
+                                            f"earlier run")
+    elif folder.exists() and any(folder.iterdir()):
+        raise ConfigError("run.name", f"{folder} already holds a run; choose another run.name, or continue it "
+                                      f"with run.resume=true")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / ".write-check").touch()
@@ -108,7 +123,8 @@ def _local(cfg: Config, args) -> int:
     here = [sys.executable, "-m", "rl_dqn"]
     specs = [RoleSpec("learner", [*here, "learner", args.config, *common], finishes_run=True)]
     specs += [RoleSpec(f"collector{i}", [*here, "collector", args.config, *common, "cluster.rank=1",
-                                         f"--local-index={i}"], finishes_run=False)
+                                         f"--local-index={i}"], finishes_run=False,
+                       restarts=cfg.collectors.max_restarts)
               for i in range(cfg.collectors.count)]
     print(f"[local] run {cfg.run.name}: learner + {cfg.collectors.count} collectors at {init_method}; "
           f"writing {run_dir(cfg)}", flush=True)
@@ -118,12 +134,14 @@ def _local(cfg: Config, args) -> int:
 def _collectors(cfg: Config, args) -> int:
     from rl_dqn.supervisor import RoleSpec, supervise
     _require_cluster(cfg, collector_node=True)
+    _check_interface(cfg)
     _check_env(cfg)
     for rank in range(cfg.cluster.rank, cfg.cluster.rank + cfg.collectors.count):
         _placement(cfg, rank)
     here = [sys.executable, "-m", "rl_dqn"]
     specs = [RoleSpec(f"collector{cfg.cluster.rank - 1 + i}",
-                      [*here, "collector", args.config, *args.overrides, f"--local-index={i}"], finishes_run=False)
+                      [*here, "collector", args.config, *args.overrides, f"--local-index={i}"], finishes_run=False,
+                      restarts=cfg.collectors.max_restarts)
              for i in range(cfg.collectors.count)]
     last = cfg.cluster.rank + cfg.collectors.count - 1
     return supervise(specs, node=f"collectors (ranks {cfg.cluster.rank}..{last})")
@@ -139,6 +157,10 @@ def _require_cluster(cfg: Config, collector_node: bool) -> None:
                                           "(the learner is rank 0)")
     if not collector_node and cfg.cluster.rank != 0:
         raise ConfigError("cluster.rank", f"must be 0 for the learner, got {cfg.cluster.rank}")
+    if cfg.cluster.interface == "":
+        raise ConfigError("cluster.interface", "must name the network interface this node listens on in a "
+                                               "multi-node run, e.g. eth0 (`ip -br addr` lists them): RPC runs "
+                                               "whatever it receives, so it listens on no other")
 
 
 def _free_port() -> int:
@@ -166,17 +188,22 @@ def _stop_on_signals() -> threading.Event:
     return stop
 
 
-def _role_error(role: str, message: str) -> int:
+LEARNER_LOST = 3   # a collector's exit code when the learner is gone: no use starting it again
+
+
+def _role_error(role: str, message: str, code: int = 1) -> int:
     print(f"[{role}] error: {message}", file=sys.stderr, flush=True)
-    return 1
+    return code
 
 
 def _learner(cfg: Config, args) -> int:
     import torch
+    from rl_dqn.evaluate import latest_checkpoint
     from rl_dqn.learner import Learner
     from rl_dqn.transport import LearnerTransport, TransportError
-    if cfg.cluster.init_method == "" or cfg.cluster.world_size == 0:
+    if not cfg.cluster.single_node:
         _require_cluster(cfg, collector_node=False)
+    _check_interface(cfg)
     spec = _check_env(cfg)
     placement = _placement(cfg, 0)
     folder = _make_run_dir(cfg)
@@ -184,6 +211,13 @@ def _learner(cfg: Config, args) -> int:
     torch.set_num_threads(cfg.learner.torch_threads or os.cpu_count() or 1)
     save_config(cfg, folder / "config.yaml")
     learner = Learner(cfg, spec, folder, stop=stop, device=placement.device)
+    if cfg.run.resume:
+        checkpoint = latest_checkpoint(folder)
+        try:
+            learner.restore(checkpoint)
+        except (RuntimeError, ValueError, KeyError, OSError) as e:
+            learner.board.close()
+            raise ConfigError("run.resume", f"cannot continue from {checkpoint}: {str(e).splitlines()[0]}") from None
     try:
         learner.run(LearnerTransport(cfg, stop, placement))
     except TransportError as e:
@@ -196,6 +230,7 @@ def _learner(cfg: Config, args) -> int:
 
 
 def _collector(cfg: Config, args) -> int:
+    """One collector process in slot cluster.rank + local index - 1; it may replace one that died."""
     from rl_dqn.collector import Collector
     from rl_dqn.transport import CollectorTransport, TransportError
     rank = cfg.cluster.rank + args.local_index
@@ -204,6 +239,10 @@ def _collector(cfg: Config, args) -> int:
                                           f"1..{cfg.world_size - 1}")
     if cfg.cluster.init_method == "":
         raise ConfigError("cluster.init_method", "must be set: tcp://LEARNER_HOST:PORT or env://")
+    if cfg.cluster.interface == "":
+        raise ConfigError("cluster.interface", "must name the network interface this process listens on, e.g. "
+                                               "eth0 (lo on one node)")
+    _check_interface(cfg)
     _check_env(cfg)
     placement = _placement(cfg, rank)
     name = f"collector{rank - 1}"
@@ -211,9 +250,10 @@ def _collector(cfg: Config, args) -> int:
     transport = None
     try:
         transport = CollectorTransport(cfg, rank - 1, stop, placement)
-        Collector(cfg, rank - 1, transport, stop, placement.device).run()
+        Collector(cfg, rank - 1, transport, stop, placement.device, incarnation=transport.incarnation).run()
     except TransportError as e:
-        return _role_error(name, str(e))
+        lost = transport is not None and transport.learner_lost
+        return _role_error(name, str(e), LEARNER_LOST if lost else 1)
     finally:
         if transport is not None:
             transport.close()

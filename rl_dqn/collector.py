@@ -86,8 +86,10 @@ class Collector:
     vector steps. `index` (0-based) places its envs in the run: env i of the run is env `i - index * E` here."""
 
     def __init__(self, cfg: Config, index: int, transport, stop: threading.Event | None = None,
-                 policy_device: torch.device | str = "cpu"):
+                 policy_device: torch.device | str = "cpu", incarnation: int = 0):
         self.cfg, self.index, self.transport = cfg, index, transport
+        # A process that replaces a dead one in the same slot plays other episodes and explores anew.
+        self.seed = cfg.run.seed * 100_000 + index * cfg.env.envs_per_collector + 1_000_003 * incarnation
         self.stop = stop or threading.Event()
         self.policy_device = torch.device(policy_device)
         self.name = f"collector{index}"
@@ -104,7 +106,7 @@ class Collector:
     def run(self) -> None:
         cfg, E = self.cfg, self.cfg.env.envs_per_collector
         torch.set_num_threads(cfg.collectors.torch_threads)
-        env: VectorEnv = make_vector_env(cfg.env, E, seed=cfg.run.seed * 100_000 + self.index * E)
+        env: VectorEnv = make_vector_env(cfg.env, E, seed=self.seed)
         try:
             self._loop(env)
         finally:
@@ -113,7 +115,7 @@ class Collector:
     def _loop(self, env: VectorEnv) -> None:
         cfg, E, device = self.cfg, self.cfg.env.envs_per_collector, self.policy_device
         net = QNetwork.for_env(env.spec.obs_shape, env.spec.num_actions, cfg.network).to(device).eval()
-        generator = torch.Generator(device=device).manual_seed(cfg.run.seed * 100_000 + self.index)
+        generator = torch.Generator(device=device).manual_seed(self.seed)
         weights = self.transport.wait_weights(cfg.cluster.join_timeout_s)
         if weights is None:
             return

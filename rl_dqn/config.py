@@ -50,6 +50,9 @@ class RunConfig:
     """output folder `runs/<name>/`; empty derives `<game>__<config file>__s<seed>__<date-time>`"""
     seed: int = 1
     """seed of networks, envs and exploration (each collector and env offsets it by its index)"""
+    resume: bool = False
+    """continue the run in `runs/<name>/` from its newest checkpoint: networks, optimizer, counters, schedules and
+    (with learner.checkpoint_replay) the replay contents; its TensorBoard curves go on from the checkpoint's step"""
 
     def __post_init__(self):
         _require(self.name == "" or re.fullmatch(r"[A-Za-z0-9._+=-]+", self.name) is not None and
@@ -140,8 +143,12 @@ class CollectorsConfig:
     device: str = "auto"
     """where each collector acts: `auto` (a node's collectors spread over its GPUs, cuda:0 when it has one, else the
     CPU), `cpu`, `cuda` (the same spread) or `cuda:N`"""
+    max_restarts: int = 10
+    """times a node's launcher starts a new process for a collector that died; the new one joins the running
+    learner in the same slot. 0 = a dead collector stops the node"""
 
     def __post_init__(self):
+        _require(self.max_restarts >= 0, "collectors.max_restarts", f"must be >= 0, got {self.max_restarts}")
         _require(self.count >= 1, "collectors.count", f"must be >= 1, got {self.count}")
         _require(re.fullmatch(DEVICE_PATTERN, self.device) is not None, "collectors.device",
                  f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
@@ -227,6 +234,9 @@ class LearnerConfig:
     """updates between weight broadcasts to the collectors"""
     checkpoint_every_updates: int = 50_000
     """updates between checkpoints (one is also written when the run ends)"""
+    checkpoint_replay: bool = True
+    """checkpoints also hold the replay contents (the newest checkpoint's only; about 7 GB per million Atari
+    transitions), so a resumed run has the data it had"""
     keep_checkpoints: int = 3
     """newest checkpoints kept in runs/<name>/checkpoints/"""
 
@@ -256,8 +266,9 @@ class TransportConfig:
     tensorpipe_transports: tuple[str, ...] = ("uv",)
     """TensorPipe transports, in order of preference: uv (TCP; idles at 0% CPU), shm (same-host shared memory;
     busy-polls a core per process), ibv (InfiniBand)"""
-    rpc_timeout_s: float = 60.0
-    """seconds an RPC (a chunk, a weights broadcast, a stop) may take before its peer is taken for lost"""
+    rpc_timeout_s: float = 20.0
+    """seconds a call (a weights broadcast, a ping, a stop) may take before its peer is taken for lost: a hung peer
+    is found within 5 s + this"""
     worker_threads: int = 8
     """threads serving incoming RPCs in each process"""
 
@@ -281,7 +292,8 @@ class ClusterConfig:
     """rank of the first process this node starts: 0 on the learner's node, its first collector's rank elsewhere
     (a collector node's processes take ranks rank .. rank + collectors.count - 1)"""
     interface: str = ""
-    """network interface TensorPipe listens on (e.g. `lo`, `eth0`); empty = the address of the host's name"""
+    """the network interface every process of this node listens on, and nothing else: the learner's rendezvous
+    store and each process's TensorPipe (e.g. `eth0`); launch/local.sh uses `lo`; a multi-node run must name it"""
     single_node: bool = False
     """every process of the run is on this node (launch/local.sh sets it), so device maps are derived for every
     pair that talks"""

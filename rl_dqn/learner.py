@@ -7,6 +7,7 @@ import copy
 import dataclasses
 import json
 import os
+import queue
 import threading
 import time
 from pathlib import Path
@@ -30,6 +31,8 @@ class _CollectorStats:
         self.first_weights_version: int | None = None
         self.last_weights_version: int | None = None
         self.chunk_device: str | None = None   # where its chunks arrived
+        self.processes = 0                      # processes that have joined in its slot
+        self.senders = 0                        # processes whose chunks entered replay
 
 
 class Learner:
@@ -66,6 +69,9 @@ class Learner:
         # Chunks are inserted in each collector's send order (RPCs may be served out of order).
         self._next_seq = [0] * cfg.num_collectors
         self._held: list[dict[int, Chunk]] = [{} for _ in range(cfg.num_collectors)]
+        self._lane_sender = [-1] * cfg.num_collectors    # the process whose chunks each slot's lanes continue
+        self.rejected: dict[str, int] = {}               # refused chunks by cause
+        self.dropped_chunks = 0                          # chunks of a replaced process left behind by a gap
         self._waiting = collections.deque()          # deliveries whose answer is withheld
         self._chunk_env_steps = cfg.collectors.chunk_steps * cfg.env.envs_per_collector
         # Metrics: sums since the last log line, so the update itself never waits on a host sync.
@@ -88,13 +94,76 @@ class Learner:
     # ------------------------------------------------------------------------------------------- data in
 
     def ingest(self, chunk: Chunk) -> None:
-        """Puts a chunk into replay once every earlier chunk of its collector is in."""
+        """Puts a chunk into replay once every earlier chunk of its collector is in. A new process in a slot
+        starts its lanes' next episodes (its first steps start episodes), so its chunks follow on from the
+        chunks of the one it replaced; that one's chunks still held back by a gap are dropped and counted."""
         i = chunk.collector
+        if chunk.sender != self._lane_sender[i]:
+            self._lane_sender[i] = chunk.sender
+            self._collectors[i].senders += 1
+            self.dropped_chunks += len(self._held[i])
+            self._held[i] = {}
+            self._next_seq[i] = 0
         self._held[i][chunk.seq] = chunk
         while (ready := self._held[i].pop(self._next_seq[i], None)) is not None:
             self._next_seq[i] += 1
             self.replay.extend(i * self.cfg.env.envs_per_collector, ready)
             self._account(ready)
+
+    def refusal(self, chunk) -> str | None:
+        """Why a delivery cannot enter replay (None: it can): one cause per kind of bad data. The value checks
+        cost one host sync per chunk."""
+        cfg, spec = self.cfg, self.spec
+        if not isinstance(chunk, Chunk):
+            return f"not a chunk ({type(chunk).__name__})"
+        if not (isinstance(chunk.collector, int) and 0 <= chunk.collector < cfg.num_collectors):
+            return "unknown sender"
+        standing = self.transport.sender_standing(chunk)
+        if standing == "unknown":
+            return "unknown sender"
+        # Chunks of a process that was replaced still continue its lanes until the new process's first arrives.
+        if standing == "former" and chunk.sender != self._lane_sender[chunk.collector]:
+            return "from a collector process that was replaced"
+        T, E = cfg.collectors.chunk_steps, cfg.env.envs_per_collector
+        want = {"frames": ((T, E, *spec.frame_shape), spec.obs_dtype), "actions": ((T, E), torch.int64),
+                "rewards": ((T, E), torch.float32), "terminated": ((T, E), torch.bool),
+                "first": ((T, E), torch.bool), "episode_returns": (None, torch.float64),
+                "episode_lengths": (None, torch.int64)}
+        if self.replay.initial_priority == "collectors":
+            want |= {"q_taken": ((T, E), torch.float32), "q_max": ((T, E), torch.float32)}
+        for field, (shape, dtype) in want.items():
+            value = getattr(chunk, field)
+            if not isinstance(value, torch.Tensor):
+                return f"{field} is not a tensor"
+            if value.dtype != dtype:
+                return f"{field} has dtype {value.dtype}, not {dtype}"
+            if shape is not None and tuple(value.shape) != shape:
+                return f"{field} has shape {tuple(value.shape)}, not {shape}"
+        if chunk.episode_returns.dim() != 1 or chunk.episode_lengths.shape != chunk.episode_returns.shape:
+            return "episode_returns and episode_lengths are not two lists of the same length"
+        if not (isinstance(chunk.seq, int) and chunk.seq >= 0 and isinstance(chunk.weights_version, int)):
+            return "seq or weights_version is not a count"
+        if chunk.sender == self._lane_sender[chunk.collector] and (chunk.seq < self._next_seq[chunk.collector] or
+                                                                   chunk.seq in self._held[chunk.collector]):
+            return "a chunk sent twice"
+        bad = torch.stack([(chunk.actions < 0).any(), (chunk.actions >= spec.num_actions).any(),
+                           ~torch.isfinite(chunk.rewards).all(),
+                           ~torch.isfinite(chunk.episode_returns).all().to(chunk.rewards.device)]).tolist()
+        for flagged, cause in zip(bad, (f"action out of range 0..{spec.num_actions - 1}",
+                                        f"action out of range 0..{spec.num_actions - 1}",
+                                        "non-finite reward", "non-finite episode return")):
+            if flagged:
+                return cause
+        return None
+
+    def _refuse(self, delivery, cause: str) -> None:
+        self.rejected[cause] = self.rejected.get(cause, 0) + 1
+        if self.rejected[cause] == 1:
+            sender = getattr(delivery.chunk, "collector", "?")
+            say("learner", f"refused a chunk from collector {sender}: {cause} (counted in transport/rejected_chunks; "
+                           f"logged once per cause)")
+        # A sender that is not in the run learns so from the answer (the transport marks it).
+        self.transport.acknowledge(delivery, Ack(self.env_steps, stop=False))
 
     def _account(self, chunk: Chunk) -> None:
         now = time.monotonic()
@@ -181,36 +250,37 @@ class Learner:
     # ------------------------------------------------------------------------------------------- the loop
 
     def run(self, transport) -> None:
-        """Trains until the collectors together reach train.total_env_steps, or until asked to stop."""
+        """Trains until the collectors together reach train.total_env_steps, or until asked to stop. Collectors
+        may die, hang, leave and join at any time; the run ends with an error only when none has been alive for
+        cluster.join_timeout_s."""
         self.transport = transport
         say("learner", f"training on {self.device}, replay {self.cfg.train.replay_capacity:,} transitions in "
                        f"{self.cfg.num_envs} lanes, waiting for {self.cfg.num_collectors} collectors")
         self.publish()
         total = self.cfg.train.total_env_steps
-        last_log = last_data = time.monotonic()
+        last_log = alone_since = time.monotonic()
         try:
             while not self.stop.is_set() and self.env_steps < total:
                 deliveries = self.transport.receive(timeout=0 if self.wants_update() else 0.05)
                 now = time.monotonic()
-                if deliveries:
-                    last_data = now
                 for delivery in deliveries:
+                    if (cause := self.refusal(delivery.chunk)) is not None:
+                        self._refuse(delivery, cause)
+                        continue
                     self.ingest(delivery.chunk)
                     self._waiting.append(delivery)
                 self._release_answers()
                 if self.wants_update():
                     self._train_one()
-                elif not self._waiting and now - last_data > self.cfg.transport.rpc_timeout_s:
-                    raise TransportError(f"no data from any collector for {self.cfg.transport.rpc_timeout_s:g} s "
-                                         f"(transport.rpc_timeout_s)")
                 self.transport.watch()
+                self._follow_membership()
+                if self.transport.alive:
+                    alone_since = now
+                elif now - alone_since > self.cfg.cluster.join_timeout_s:
+                    raise TransportError(f"no collector has been in the run for cluster.join_timeout_s="
+                                         f"{self.cfg.cluster.join_timeout_s:g} s")
                 if self.cfg.eval.every_env_steps:
                     self._evaluate()
-                if self.transport.lost:
-                    # The run's membership is fixed when it starts, so a lost collector ends it (cleanly: the
-                    # last checkpoint is written and the other collectors are stopped).
-                    raise TransportError("; ".join(f"{name} lost: {why}"
-                                                   for name, why in sorted(self.transport.lost.items())))
                 if now - last_log >= self.cfg.metrics.interval_s:
                     last_log = now
                     self.log()
@@ -220,6 +290,25 @@ class Learner:
                 self._train_one()
         finally:
             self.close()
+
+    def _follow_membership(self) -> None:
+        """One line per collector that joins, leaves or is lost; `cluster/collectors_alive` after each."""
+        changed = False
+        while True:
+            try:
+                what, name, detail = self.transport.changes.get_nowait()
+            except queue.Empty:
+                break
+            changed = True
+            slot = int(name.removeprefix("collector"))
+            if what == "joined":
+                self._collectors[slot].processes += 1
+                # The newest weights went out with the admission; it gets the next broadcasts like the others.
+            say("learner", {"joined": f"{name} joined ({detail})", "left": f"{name} left",
+                            "lost": f"{name} lost: {detail}; training goes on, its slot is open for a new process"
+                            }[what])
+        if changed:
+            self.board.scalar("cluster/collectors_alive", len(self.transport.alive), self.env_steps)
 
     def _train_one(self) -> None:
         self.step()
@@ -289,11 +378,15 @@ class Learner:
         board, steps = self.board, self.env_steps
         board.scalar("collector/env_steps_per_s", env_rate, steps)
         board.scalar("transport/recv_mb_per_s", self._byte_meter.rate() / 1e6, steps)
-        board.scalar("learner/updates_per_s", update_rate, self.updates)
-        board.scalar("learner/replay_size", len(self.replay), self.updates)
+        board.scalar("learner/updates_per_s", update_rate, steps)
+        board.scalar("learner/updates", self.updates, steps)
+        board.scalar("learner/replay_size", len(self.replay), steps)
+        board.scalar("transport/rejected_chunks", sum(self.rejected.values()), steps)
+        if self.transport is not None:
+            board.scalar("cluster/collectors_alive", len(self.transport.alive), steps)
         if self._stat_updates:
-            board.scalar("learner/loss", (self._loss_sum / self._stat_updates).item(), self.updates)
-            board.scalar("learner/q_mean", (self._q_sum / self._stat_updates).item(), self.updates)
+            board.scalar("learner/loss", (self._loss_sum / self._stat_updates).item(), steps)
+            board.scalar("learner/q_mean", (self._q_sum / self._stat_updates).item(), steps)
             self._loss_sum.zero_()
             self._q_sum.zero_()
             self._stat_updates = 0
@@ -314,23 +407,54 @@ class Learner:
             "optimizer": self.optimizer.state_dict(),
             "counters": {"env_steps": self.env_steps, "updates": self.updates,
                          "weights_version": self.weights_version},
+            # Schedules (epsilon, beta) follow from env_steps; these are the rest of the run's clock.
+            "schedule": {"next_eval": self._next_eval, "best_eval": self._best_eval,
+                         "elapsed_s": time.monotonic() - self._started},
+            "generator": self.generator.get_state(),
             "config": to_dict(self.cfg),
             "spec": {"obs_shape": list(self.spec.obs_shape), "obs_dtype": str(self.spec.obs_dtype),
                      "num_actions": self.spec.num_actions},
         }
 
     def save_checkpoint(self) -> Path:
-        """Writes checkpoints/checkpoint_<updates>.pt atomically (temporary file, then rename) and keeps the
-        newest `learner.keep_checkpoints`."""
+        """Writes checkpoints/checkpoint_<updates>.pt, and with learner.checkpoint_replay the replay contents
+        next to it, each atomically (a temporary file, flushed to disk, then renamed): a crash at any point leaves
+        the previous checkpoint whole. Keeps the newest `learner.keep_checkpoints`, and the newest replay only."""
         folder = self.run_dir / "checkpoints"
         folder.mkdir(parents=True, exist_ok=True)
+        state = self.checkpoint_state()
+        if self.cfg.learner.checkpoint_replay:
+            replay_path = folder / f"replay_{self.updates:09d}.pt"
+            _save_atomically(self.replay.state_dict(), replay_path)
+            state["replay_file"] = replay_path.name
         path = folder / f"checkpoint_{self.updates:09d}.pt"
-        partial = path.with_suffix(".partial")
-        torch.save(self.checkpoint_state(), partial)
-        os.replace(partial, path)
+        _save_atomically(state, path)
         for old in sorted(folder.glob("checkpoint_*.pt"))[:-self.cfg.learner.keep_checkpoints]:
             old.unlink()
+        for old in sorted(folder.glob("replay_*.pt"))[:-1]:
+            old.unlink()
         return path
+
+    def restore(self, path: Path) -> None:
+        """Continues from a checkpoint: network, target, optimizer, counters, schedules, the sampling generator
+        and, when the checkpoint has them, the replay contents."""
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        self.network.load_state_dict(state["network"])
+        self.target.load_state_dict(state["target"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        counters, schedule = state["counters"], state["schedule"]
+        self.env_steps, self.updates = counters["env_steps"], counters["updates"]
+        self.weights_version = counters["weights_version"]
+        self._next_eval, self._best_eval = schedule["next_eval"], schedule["best_eval"]
+        self._started = time.monotonic() - schedule["elapsed_s"]
+        self.generator.set_state(state["generator"])
+        replay = state.get("replay_file")
+        if replay is not None:
+            self.replay.load_state_dict(torch.load(path.parent / replay, map_location="cpu", weights_only=True))
+        self.board.resume_at(self.env_steps)
+        say("learner", f"resumed from {path.name}: {self.env_steps:,} env steps, {self.updates:,} updates, "
+                       f"weights v{self.weights_version}, replay {len(self.replay):,} transitions"
+                       + ("" if replay is not None else " (the checkpoint holds no replay)"))
 
     def write_summary(self) -> None:
         """runs/<name>/summary.json: what the run did, for people and scripts (benchmarks, tests)."""
@@ -342,6 +466,7 @@ class Learner:
             "recent_returns": list(self._returns), "best_eval_return": self._best_eval,
             "collectors": {worker_name(collector_rank(i)): vars(s) for i, s in enumerate(self._collectors)},
             "lost_collectors": dict(self.transport.lost) if self.transport is not None else {},
+            "rejected_chunks": dict(self.rejected), "dropped_chunks": self.dropped_chunks,
         }
         if self._first_data_time is not None and now > self._first_data_time:
             summary["env_steps_per_s"] = (self.env_steps - self._first_data_steps) / (now - self._first_data_time)
@@ -350,3 +475,13 @@ class Learner:
             summary["env_steps_per_s_training"] = (self.env_steps - steps) / (now - since)
             summary["updates_per_s_training"] = self.updates / (now - since)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+
+
+def _save_atomically(state: dict, path: Path) -> None:
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(partial, path)
+

@@ -29,14 +29,20 @@ class RateMeter:
 
 
 class Board:
-    """TensorBoard event files in the run folder. Tags by namespace: `collector/...`, `weights/...` and
-    `transport/...` against env steps, `learner/...` against updates."""
+    """TensorBoard event files in the run folder. Every tag is against env steps of the run (as CleanRL's are),
+    except `eval/episode_return_vs_seconds`, against seconds; `learner/updates` maps one to the other."""
 
     def __init__(self, run_dir: Path, cfg: Config):
         self.writer = SummaryWriter(log_dir=str(run_dir), flush_secs=10)
         rows = "\n".join(f"|{section}.{key}|{value}|" for section, values in to_dict(cfg).items()
                          for key, value in values.items())
         self.writer.add_text("hyperparameters", f"|key|value|\n|-|-|\n{rows}")
+
+    def resume_at(self, env_steps: int) -> None:
+        """A resumed run: TensorBoard hides what an earlier process wrote from this step on (it was written after
+        the checkpoint the run resumes from), so each curve continues from the checkpoint."""
+        self.writer.close()
+        self.writer = SummaryWriter(log_dir=self.writer.log_dir, flush_secs=10, purge_step=env_steps)
 
     def scalar(self, tag: str, value: float, step: int) -> None:
         self.writer.add_scalar(tag, value, step)

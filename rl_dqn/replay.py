@@ -131,6 +131,34 @@ class ReplayMemory:
         if not self._ready:
             self._ready = bool(self.tree.total() > 0)
 
+    # ------------------------------------------------------------------------------------ saving, restoring
+
+    def _stores(self) -> dict[str, torch.Tensor]:
+        stores = {"frames": self.frames, "actions": self.actions, "rewards": self.rewards,
+                  "terminated": self.terminated, "first": self.first, "written": self.written,
+                  "priorities": self.tree.levels[0][:self.tree.capacity], "max_priority": self.max_priority}
+        if self.initial_priority == "collectors":
+            stores |= {"q_taken": self.q_taken, "q_max": self.q_max}
+        return stores
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Everything the memory holds (tensors on its device)."""
+        return dict(self._stores())
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Restores what `state_dict` saved, into a memory of the same capacity, lanes and frame shape."""
+        for name, store in self._stores().items():
+            if name not in state:
+                raise ValueError(f"the saved replay has no {name!r}")
+            if state[name].shape != store.shape or state[name].dtype != store.dtype:
+                raise ValueError(f"the saved replay's {name} is {tuple(state[name].shape)} {state[name].dtype}, "
+                                 f"this one's {tuple(store.shape)} {store.dtype}: train.replay_capacity, the "
+                                 f"number of collectors, env.envs_per_collector and the env must stay the same")
+            if name != "priorities":
+                store.copy_(state[name])
+        self.tree.set(torch.arange(self.tree.capacity, device=self.device), state["priorities"].to(self.device))
+        self._ready = bool(self.tree.total() > 0)
+
     # --------------------------------------------------------------------------------------------- reading
 
     def _sample_range(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,8 +1,9 @@
 """Runs one node's role processes and takes them all down together.
 
-The node ends when its roles end. If one of them dies, the others are stopped and the node exits non-zero,
-naming the role and why. On SIGINT or SIGTERM every role is asked to stop (each then flushes what it holds), and
-whatever is still running after `grace_s` is killed, so nothing outlives the node.
+The node ends when its roles end. A role with restarts left (a collector) that dies is started again: the new
+process joins the running learner in the same slot. Any other role that dies stops the others, and the node exits
+non-zero, naming the role and why. On SIGINT or SIGTERM every role is asked to stop (each then flushes what it
+holds), and whatever is still running after `grace_s` is killed, so nothing outlives the node.
 """
 
 from __future__ import annotations
@@ -22,12 +23,23 @@ class RoleSpec(NamedTuple):
     label: str          # e.g. "learner", "collector0"
     argv: list[str]
     finishes_run: bool  # its clean exit means the run is complete (the learner)
+    restarts: int = 0   # times a new process is started when it dies
+
+
+# Exit codes after which a new process would fail the same way: bad input, and a collector whose learner is gone.
+NOT_RESTARTED = {2: "bad input", 3: "the learner is gone"}
+RESTART_DELAY_S = 1.0
 
 
 class _Role:
     def __init__(self, spec: RoleSpec, env: dict[str, str]):
-        self.spec = spec
+        self.spec, self.env = spec, env
+        self.restarts_left = spec.restarts
         self.tail: collections.deque[str] = collections.deque(maxlen=20)
+        self._start()
+
+    def _start(self) -> None:
+        spec, env = self.spec, self.env
         self.process = subprocess.Popen(spec.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         text=True, bufsize=1, start_new_session=True, preexec_fn=die_with_parent)
         self._reader = threading.Thread(target=self._forward, daemon=True)
@@ -54,6 +66,16 @@ class _Role:
     def finish_output(self) -> None:
         self._reader.join(timeout=2.0)
 
+    def may_restart(self) -> bool:
+        return self.restarts_left > 0 and self.process.returncode not in NOT_RESTARTED
+
+    def restart(self) -> None:
+        self.finish_output()
+        self.restarts_left -= 1
+        self.tail.clear()
+        time.sleep(RESTART_DELAY_S)
+        self._start()
+
 
 def die_with_parent() -> None:
     """Children get SIGTERM if this process dies without cleaning up (Linux prctl PR_SET_PDEATHSIG)."""
@@ -65,6 +87,9 @@ def die_with_parent() -> None:
 
 def supervise(specs: list[RoleSpec], node: str, grace_s: float = 20.0) -> int:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # TensorPipe warns in C++ about every pipe a departing peer closes; the roles say in one line who left and
+    # why. TORCH_CPP_LOG_LEVEL=INFO brings its messages back.
+    env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     interrupted: list[int] = []
 
     def on_signal(signum, _frame):
@@ -82,6 +107,12 @@ def supervise(specs: list[RoleSpec], node: str, grace_s: float = 20.0) -> int:
                     code = role.process.returncode
                     if code is not None and code != 0:
                         role.finish_output()
+                        if role.may_restart() and not interrupted:
+                            used = role.spec.restarts - role.restarts_left + 1
+                            print(f"{node}: {role.spec.label} died ({role.why()}); starting a new process "
+                                  f"(restart {used} of {role.spec.restarts})", file=sys.stderr, flush=True)
+                            role.restart()
+                            continue
                         failed = f"{node}: {role.spec.label} died ({role.why()}); stopping the other roles"
                         break
                 done = any(r.spec.finishes_run and r.process.returncode == 0 for r in roles)

@@ -40,6 +40,9 @@ class Chunk(NamedTuple):
     """[T, E] float32 the collector's Q(s, a) for the action taken (for Ape-X initial priorities)"""
     q_max: torch.Tensor | None = None
     """[T, E] float32 the collector's max_a Q(s, a)"""
+    sender: int = -1
+    """RPC id of the process that sent it (its transport sets it): tells the process now filling the slot from one
+    it replaced"""
 
     @property
     def env_steps(self) -> int:
@@ -57,6 +60,9 @@ class Ack(NamedTuple):
     """env steps the learner has received from the whole run"""
     stop: bool
     """the run is over: the collector stops"""
+    dropped: bool = False
+    """the learner dropped this process from the run (it took it for dead, or another process took its slot): it
+    exits, so that its launcher can start a new one"""
 
 
 class Weights(NamedTuple):

@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 T, E = 4, 2
 
 
-def config(port: int, kind: str, world_size: int):
-    return load_config(ROOT / "configs/cartpole.yaml", [
+def config(port: int, kind: str, world_size: int, *extra: str):
+    return load_config(ROOT / "configs/cartpole.yaml", [*extra,
         "run.name=contract", f"transport.kind={kind}", f"cluster.init_method=tcp://127.0.0.1:{port}",
         f"cluster.world_size={world_size}", f"collectors.count={world_size - 1}", "cluster.interface=lo",
         f"collectors.chunk_steps={T}", f"env.envs_per_collector={E}", "collectors.max_chunks_in_flight=2",
@@ -77,7 +77,7 @@ def contract_learner(port: int, kind: str, events) -> None:
         events.put(("learner", "held", sorted((d.chunk.collector, d.chunk.seq) for d in held)))
         for d in held:
             expected = make_chunk(d.chunk.collector, d.chunk.seq, kind)
-            intact = all(torch.equal(a, b) for a, b in zip(d.chunk[3:], expected[3:]))
+            intact = all(torch.equal(a, b) for a, b in zip(d.chunk[3:-1], expected[3:-1]))
             events.put(("learner", "intact", (d.chunk.collector, d.chunk.seq, intact)))
             events.put(("learner", "chunk device", str(d.chunk.frames.device)))
         first = next(d for d in held if d.chunk.collector == 0 and d.chunk.seq == 0)
@@ -85,6 +85,7 @@ def contract_learner(port: int, kind: str, events) -> None:
         _wait(lambda: any(d.chunk.seq == 3 for d in take()), 20, "collector0's fourth chunk")
         events.put(("learner", "fourth chunk arrived", True))
         for version in (1, 2):
+            # Pushed to both (the first weights went out with their admission, as a CPU copy).
             events.put(("learner", f"published v{version} to", transport.publish(weights(version, kind))))
             time.sleep(0.5)
         transport.stop_collectors(timeout=10)
@@ -99,7 +100,6 @@ def contract_collector(port: int, kind: str, index: int, events) -> None:
     try:
         first = transport.wait_weights(timeout=30)
         events.put((f"collector{index}", "weights", first.version))
-        events.put((f"collector{index}", "weights device", str(first.state["w"].device)))
         for seq in range(4 if index == 0 else 2):
             ack = transport.send(make_chunk(index, seq, kind))
             events.put((f"collector{index}", "sent", seq))
@@ -111,6 +111,7 @@ def contract_collector(port: int, kind: str, index: int, events) -> None:
             w = transport.poll_weights()
             if w is not None:
                 versions.append(w.version)
+                events.put((f"collector{index}", "weights device", str(w.state["w"].device)))
             time.sleep(0.01)
         w = transport.poll_weights()   # collector0 was waiting on an answer while the weights arrived
         if w is not None:
@@ -176,3 +177,58 @@ def orphaned_collector(port: int, kind: str, events) -> None:
 def waiting_collector(port: int, kind: str, events) -> None:
     """Sends until it has to wait for an answer, and reports how that wait ends."""
     _send_until_an_error(port, kind, events, chunks=10, pause_s=0.0)
+
+
+# ------------------------------------------------------------------------------------------------ bad data
+
+
+def guarded_learner(port: int, events, sender_done) -> None:
+    """A real Learner on CartPole (4 floats per frame, 2 actions) that takes chunks until the sender is done."""
+    from envs import describe_env
+    from rl_dqn.learner import Learner
+    cfg = config(port, "cpu", 2, "train.replay_ratio=0", "train.replay_capacity=1000", "eval.every_env_steps=0")
+    stop = threading.Event()
+    learner = Learner(cfg, describe_env(cfg.env), Path(os.environ["RL_DQN_TEST_RUN_DIR"]), stop=stop)
+    threading.Thread(target=lambda: (sender_done.wait(60), time.sleep(1.0), stop.set()), daemon=True).start()
+    transport = LearnerTransport(cfg, stop, place(cfg, 0, 0))
+    learner.run(transport)
+    events.put(("learner", "rejected", dict(learner.rejected)))
+    events.put(("learner", "env_steps", learner.env_steps))
+    events.put(("learner", "replay frames", learner.replay.frames[0, :T + 1, 0].tolist()))
+
+
+def bad_sender(port: int, events, sender_done) -> None:
+    """Joins as collector0, sends a good chunk, one bad chunk of each kind, then another good chunk."""
+    cfg = config(port, "cpu", world_size=2)
+    transport = CollectorTransport(cfg, 0, threading.Event(), place(cfg, 1, 0))
+    transport.wait_weights(timeout=30)
+    good = make_chunk(0, 0)._replace(actions=torch.ones(T, E, dtype=torch.int64))
+    bad = {
+        "wrong shape": good._replace(seq=1, frames=torch.zeros(T, E, 5)),
+        "wrong dtype": good._replace(seq=1, frames=torch.zeros(T, E, 4, dtype=torch.float64)),
+        "action out of range": good._replace(seq=1, actions=torch.full((T, E), 2)),
+        "nan reward": good._replace(seq=1, rewards=torch.full((T, E), float("nan"))),
+        "not a chunk": "rm -rf /",
+    }
+    try:
+        transport.send(good)
+        for what, chunk in bad.items():
+            if isinstance(chunk, Chunk):
+                answer = transport.send(chunk)
+            else:
+                answer = rpc_call(chunk)
+            events.put(("sender", what, answer is not None))
+        # From an unknown sender: a forged RPC id, straight through the RPC function.
+        events.put(("sender", "forged", tuple(rpc_call(good._replace(seq=1, sender=999)))))
+        transport.send(good._replace(seq=1, frames=torch.full((T, E, 4), 5.0)))
+        events.put(("sender", "good after bad", True))
+    finally:
+        sender_done.set()
+        transport.close()
+
+
+def rpc_call(message):
+    import torch.distributed.rpc as rpc
+
+    from rl_dqn.transport import rpc as transport_rpc
+    return rpc.rpc_sync("learner", transport_rpc._submit_chunk, args=(message,), timeout=10)

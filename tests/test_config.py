@@ -104,7 +104,14 @@ def _cli(*args, env=None, timeout=60):
      "transport.kind" if not torch.cuda.is_available() else "learner.device"),
     (["local", "configs/smoke.yaml", "collectors.device=cuda:9"], "collectors.device"),
     (["collectors", "configs/smoke.yaml", "cluster.init_method=tcp://127.0.0.1:1", "cluster.world_size=3",
-      "cluster.rank=1", "transport.kind=cuda", "transport.device_map=2_0_0"], "transport.device_map"),
+      "cluster.rank=1", "cluster.interface=lo", "transport.kind=cuda", "transport.device_map=2_0_0"],
+     "transport.device_map"),
+    # Listening: a multi-node run names its interface, which must exist here.
+    (["collectors", "configs/smoke.yaml", "cluster.init_method=tcp://127.0.0.1:1", "cluster.world_size=3",
+      "cluster.rank=1"], "cluster.interface"),
+    (["collectors", "configs/smoke.yaml", "cluster.init_method=tcp://127.0.0.1:1", "cluster.world_size=3",
+      "cluster.rank=1", "cluster.interface=nosuch0"], "cluster.interface"),
+    (["local", "configs/smoke.yaml", "run.name=never-ran", "run.resume=true"], "run.resume"),
 ])
 def test_cli_refuses_bad_input_with_one_line_and_exit_2(args, key):
     result = _cli(*args)
@@ -148,18 +155,31 @@ def test_a_collector_gives_up_joining_at_its_deadline():
     port = free_port()
     started = time.monotonic()
     result = _cli("collector", "configs/smoke.yaml", f"cluster.init_method=tcp://127.0.0.1:{port}",
-                  "cluster.world_size=3", "cluster.rank=1", "cluster.join_timeout_s=3")
+                  "cluster.world_size=3", "cluster.rank=1", "cluster.join_timeout_s=3", "cluster.interface=lo")
     assert result.returncode == 1
-    assert "could not join the run" in result.stderr and "within cluster.join_timeout_s=3 s" in result.stderr
+    assert f"joining the run at 127.0.0.1:{port} as collector0" in result.stderr and "3 s" in result.stderr
     assert time.monotonic() - started < 30
 
 
 def test_sigterm_while_joining_ends_the_process(tmp_path):
-    process = subprocess.Popen([sys.executable, "-m", "rl_dqn", "learner", "configs/smoke.yaml",
+    process = subprocess.Popen([sys.executable, "-m", "rl_dqn", "collector", "configs/smoke.yaml",
                                 f"cluster.init_method=tcp://127.0.0.1:{free_port()}", "cluster.world_size=3",
-                                "run.name=joining"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                "cluster.rank=1", "cluster.interface=lo", "run.name=joining"],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, env=dict(os.environ, RL_DQN_RUNS_DIR=str(tmp_path)))
-    time.sleep(6)   # imports, then waiting for collectors that never come
+    time.sleep(6)   # imports, then waiting for a learner that never comes
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=20)
-    assert process.returncode == 1 and "stopped while waiting to join the run" in stderr
+    assert process.returncode == 1 and "stopped while joining the run" in stderr
+
+
+def test_a_learner_alone_stops_on_sigterm_and_keeps_a_checkpoint(tmp_path):
+    process = subprocess.Popen([sys.executable, "-m", "rl_dqn", "learner", "configs/smoke.yaml",
+                                f"cluster.init_method=tcp://127.0.0.1:{free_port()}", "cluster.world_size=3",
+                                "cluster.interface=lo", "run.name=alone"], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=dict(os.environ, RL_DQN_RUNS_DIR=str(tmp_path)))
+    time.sleep(6)   # imports, then waiting for collectors that never come
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=20)
+    assert process.returncode == 0 and "[learner] stopped on a signal" in stdout, stderr
+    assert list((tmp_path / "alone" / "checkpoints").glob("checkpoint_*.pt"))

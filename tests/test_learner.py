@@ -102,7 +102,7 @@ def test_target_network_follows_every_target_update_updates(tmp_path):
     assert all(torch.equal(online[k], learner.target.state_dict()[k]) for k in online)
 
 
-def test_checkpoints_are_complete_and_pruned(tmp_path):
+def test_checkpoints_are_complete_pruned_and_resume_everything(tmp_path):
     learner = make_learner(tmp_path, "learner.keep_checkpoints=2")
     learner.ingest(chain_chunk(0, 0, episodes=30))
     paths = []
@@ -110,11 +110,22 @@ def test_checkpoints_are_complete_and_pruned(tmp_path):
         learner.step()
         paths.append(learner.save_checkpoint())
     folder = tmp_path / "checkpoints"
-    assert sorted(folder.iterdir()) == paths[1:]                     # newest two, no partial files
+    # The newest two checkpoints, the newest replay, no partial files.
+    assert sorted(folder.iterdir()) == [*paths[1:], folder / "replay_000000003.pt"]
     state = torch.load(paths[-1], weights_only=True)
     assert state["counters"] == {"env_steps": 180, "updates": 3, "weights_version": 0}
-    assert set(state) >= {"network", "target", "optimizer", "config"}
-    fresh = make_learner(tmp_path / "again")
-    fresh.network.load_state_dict(state["network"])
-    fresh.optimizer.load_state_dict(state["optimizer"])
-    assert all(torch.equal(a, b) for a, b in zip(fresh.network.parameters(), learner.network.parameters()))
+    assert set(state) >= {"network", "target", "optimizer", "config", "schedule", "generator", "replay_file"}
+
+    fresh = make_learner(tmp_path / "again", "learner.keep_checkpoints=2")
+    fresh.restore(paths[-1])
+    assert (fresh.env_steps, fresh.updates) == (180, 3)
+    for a, b in ((fresh.network, learner.network), (fresh.target, learner.target)):
+        assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+    assert all(torch.equal(x, y) for x, y in zip(fresh.optimizer.state_dict()["state"][0].values(),
+                                                learner.optimizer.state_dict()["state"][0].values()))
+    for name, value in learner.replay.state_dict().items():
+        assert torch.equal(fresh.replay.state_dict()[name], value), name
+    # Both go on identically: the same batch, the same update.
+    fresh.step()
+    learner.step()
+    assert all(torch.equal(x, y) for x, y in zip(fresh.network.parameters(), learner.network.parameters()))

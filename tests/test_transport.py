@@ -22,11 +22,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_processes(targets, timeout: float = 60.0) -> list[tuple]:
-    """Runs each (function, args) in a spawned process; returns every event they reported, in order."""
+def run_processes(targets, timeout: float = 60.0, extra: tuple = ()) -> list[tuple]:
+    """Runs each (function, args) in a spawned process with (events, *extra) after its args; returns every event
+    they reported, in order."""
     context = multiprocessing.get_context("spawn")
     events = context.Queue()
-    processes = [context.Process(target=f, args=(*args, events)) for f, args in targets]
+    processes = [context.Process(target=f, args=(*args, events, *extra)) for f, args in targets]
     for p in processes:
         p.start()
     deadline = time.monotonic() + timeout
@@ -67,7 +68,8 @@ def test_chunks_answers_throttle_weights_and_stop(kind):
     held = next(i for i, (who, what, _) in enumerate(order) if what == "held")
     assert held < third_sent, "collector0's third send returned before the learner answered a chunk"
     acks = [value for who, what, value in events if (who, what) == ("collector0", "ack")]
-    assert acks[0] == (123, False) and acks[-1] == (0, True)   # the learner's answer, then its stop
+    # The learner's answer, then its stop; a member of the run is never told it was dropped.
+    assert acks[0] == (123, False, False) and acks[-1] == (0, True, False)
     assert by[("learner", "fourth chunk arrived")]
     # Newer weights reach both collectors and replace older ones; stop reaches both; nobody was lost.
     assert by[("learner", "published v1 to")] == 2 and by[("learner", "published v2 to")] == 2
@@ -115,3 +117,29 @@ def test_collector_notices_a_hung_learner(kind):
         for p in (learner, collector):
             if p.is_alive():
                 p.kill()
+
+
+def test_bad_chunks_are_refused_counted_and_replay_stays_intact(tmp_path, monkeypatch):
+    """A real learner takes a good chunk, refuses each kind of bad one (counted once per cause), never crashes, and
+    takes the next good chunk into the same place in replay as if the bad ones had not come."""
+    monkeypatch.setenv("RL_DQN_TEST_RUN_DIR", str(tmp_path))
+    port = free_port()
+    context = multiprocessing.get_context("spawn")
+    done = context.Event()
+    events = run_processes([(rpc_scenarios.guarded_learner, (port,)), (rpc_scenarios.bad_sender, (port,))],
+                           extra=(done,))
+    by = {(who, what): value for who, what, value in events}
+    assert by[("sender", "good after bad")]
+    assert by[("sender", "forged")][2] is True    # the answer tells a stranger it is not in the run
+    rejected = by[("learner", "rejected")]
+    assert rejected == {
+        "frames has shape (4, 2, 5), not (4, 2, 4)": 1,
+        "frames has dtype torch.float64, not torch.float32": 1,
+        "action out of range 0..1": 1,
+        "non-finite reward": 1,
+        "not a chunk (str)": 1,
+        "unknown sender": 1,
+    }, rejected
+    assert by[("learner", "env_steps")] == 2 * rpc_scenarios.T * rpc_scenarios.E
+    # Lane 0: the first chunk's frames (value 0), then the second good chunk's (value 5).
+    assert by[("learner", "replay frames")] == [0.0] * rpc_scenarios.T + [5.0]

@@ -1,23 +1,24 @@
 """Chunks, acknowledgements, weights and the stop signal over torch.distributed.rpc (TensorPipe).
 
-Five plain module-level RPC functions carry everything; each routes to the one endpoint of its process:
+Plain module-level RPC functions carry everything; each routes to the one endpoint of its process:
+- collector -> learner `_hello(slot, rpc_id)` once joined: answered with the newest weights (a CPU copy);
 - collector -> learner `_submit_chunk(chunk)`: answered with an `Ack` only when the learner wants more data,
   so a collector with `max_chunks_in_flight` unanswered chunks waits (this is the throttle). The learner may hold
-  an answer for as long as it trains, so this call has no deadline; a collector that has waited
-  `transport.rpc_timeout_s` checks that the learner is alive with `_ping()`, which its RPC threads answer at once;
+  an answer for as long as it trains, so this call has no deadline; a collector that has waited QUIET_S checks
+  that the learner is alive with `_ping()`, which its RPC threads answer at once;
 - learner -> collector `_receive_weights(weights)`: the newest weights replace any not yet adopted;
 - learner -> collector `_request_stop()`: the run is over;
-- either way `_ping()`: a collector that has waited long for an answer checks the learner, and the learner checks
-  every collector it has not heard from for QUIET_S (a dead peer fails at once, a hung one at the RPC timeout).
-Every wait has a deadline. Shutdown follows an explicit stop: graceful (every process leaves together, so no
-pipe breaks under a peer) with a deadline when all peers are believed alive, local (`graceful=False`) when one is
-known to be gone, because a graceful shutdown with no deadline waits forever on a dead peer.
+- collector -> learner `_goodbye(slot, rpc_id)` before it leaves;
+- either way `_ping()`: the learner checks every collector it has not heard from for QUIET_S (a dead peer fails
+  at once, a hung one at transport.rpc_timeout_s), and a collector checks a learner that keeps it waiting.
+Collectors join and leave a running learner (see `membership`): a collector that dies or hangs is dropped and its
+slot can be taken by a new process at any time. Every wait has a deadline; every process leaves with a local
+shutdown (`graceful=False`), since a graceful one waits forever on a dead peer.
 """
 
 from __future__ import annotations
 
 import collections
-import logging
 import os
 import queue
 import threading
@@ -30,15 +31,15 @@ import torch.distributed.rpc as rpc
 from torch.futures import Future
 
 from rl_dqn.config import Config
+from rl_dqn.transport import membership
 from rl_dqn.transport.devices import LEARNER_RANK, Placement, worker_name
 from rl_dqn.types import Ack, Chunk, Weights
 
-SHUTDOWN_TIMEOUT_S = 10.0
-QUIET_S = 5.0          # the learner pings a collector it has not heard from for this long
+QUIET_S = 5.0          # a peer not heard from for this long is pinged
 
 
 class TransportError(RuntimeError):
-    """The run cannot go on over this transport: a peer is gone, or the run could not be joined."""
+    """The run cannot go on over this transport: the learner is gone, or the run could not be joined."""
 
 
 def collector_rank(index: int) -> int:
@@ -58,6 +59,14 @@ def _ping() -> bool:
     return True
 
 
+def _hello(slot: int, rpc_id: int) -> Weights | None:
+    return _endpoint._on_hello(slot, rpc_id)
+
+
+def _goodbye(slot: int, rpc_id: int) -> None:
+    _endpoint._on_goodbye(slot, rpc_id)
+
+
 def _receive_weights(weights: Weights) -> None:
     _endpoint._on_weights(weights)
 
@@ -66,65 +75,71 @@ def _request_stop() -> None:
     _endpoint._on_stop()
 
 
-def _join(cfg: Config, rank: int, stop: threading.Event, placement: Placement) -> None:
-    """init_rpc for `rank`, with TensorPipe on the configured transports and interface.
-
-    init_rpc blocks in C++ until every process of the run has joined: no signal handler runs there, and its
-    rendezvous waits torch's default 30 minutes. So it runs on a thread while this one waits for it with the
-    run's deadline and its stop event (set by SIGINT or SIGTERM); a process that gives up exits with the thread
-    still blocked, which is harmless because nothing has started yet.
-    """
-    if cfg.cluster.init_method == "":
-        raise TransportError("cluster.init_method is empty: give tcp://HOST:PORT (the learner's node) or env://")
-    if cfg.cluster.interface:
-        os.environ["TP_SOCKET_IFNAME"] = cfg.cluster.interface
+def _options(cfg: Config, placement: Placement, host: str, port: int) -> rpc.TensorPipeRpcBackendOptions:
     options = rpc.TensorPipeRpcBackendOptions(
         num_worker_threads=cfg.transport.worker_threads,
-        # The rendezvous waits this long for the other processes; calls use their own timeouts below.
+        # The join waits this long; calls use their own timeouts below.
         rpc_timeout=cfg.cluster.join_timeout_s,
-        init_method=cfg.cluster.init_method,
+        init_method=f"{membership.SCHEME}://{host}:{port}",
         _transports=list(cfg.transport.tensorpipe_transports),
     )
     for peer, gpus in placement.device_maps.items():
         options.set_device_map(peer, gpus)
-    joined, failure = threading.Event(), []
+    if placement.device.type == "cuda" and cfg.transport.kind == "cuda":
+        # A dynamic group does not derive this list from the peers' maps: name the GPU that tensors land on.
+        options.set_devices([placement.device])
+    return options
 
-    def join() -> None:
+
+def _listen_address(cfg: Config) -> str:
+    """The address every socket of this process listens on: cluster.interface's (TensorPipe's listeners follow
+    TP_SOCKET_IFNAME, which must be set before the agent starts)."""
+    if not cfg.cluster.interface:
+        raise TransportError("cluster.interface is empty: name the network interface this node's processes may "
+                             "listen on (lo for one node; see `ip -br addr`)")
+    try:
+        address = membership.interface_address(cfg.cluster.interface)
+    except membership.MembershipError as e:
+        raise TransportError(str(e)) from None
+    os.environ["TP_SOCKET_IFNAME"] = cfg.cluster.interface
+    return address
+
+
+def _in_thread(work, stop: threading.Event, timeout_s: float, what: str):
+    """Runs `work()` on a thread while this one waits for it with a deadline and the stop event.
+
+    Opening the store and init_rpc block in C++, where no signal handler runs; a process that gives up exits with
+    the thread still blocked, which is harmless because nothing has started yet."""
+    done, result, failure = threading.Event(), [], []
+
+    def run() -> None:
         try:
             with warnings.catch_warnings():
-                # init_rpc itself uses a deprecated ProcessGroup call for its device-map exchange (torch 2.x).
                 warnings.filterwarnings("ignore", message="You are using a Backend")
-                rpc.init_rpc(worker_name(rank), rank=rank, world_size=cfg.world_size, rpc_backend_options=options)
-        except Exception as e:  # noqa: BLE001 - init_rpc raises RuntimeError, ValueError or socket errors
+                result.append(work())
+        except Exception as e:  # noqa: BLE001 - the store and init_rpc raise RuntimeError, ValueError, OSError
             failure.append(e)
         finally:
-            joined.set()
+            done.set()
 
-    threading.Thread(target=join, name="rpc-join", daemon=True).start()
-    deadline = time.monotonic() + cfg.cluster.join_timeout_s
-    where = f"the run at {cfg.cluster.init_method} as rank {rank} of {cfg.world_size}"
-    while not joined.wait(0.2):
+    threading.Thread(target=run, name="rpc-join", daemon=True).start()
+    deadline = time.monotonic() + timeout_s
+    while not done.wait(0.2):
         if stop.is_set():
-            raise TransportError(f"stopped while waiting to join {where}")
+            raise TransportError(f"stopped while {what}")
         if time.monotonic() > deadline:
-            raise TransportError(f"could not join {where} within cluster.join_timeout_s="
-                                 f"{cfg.cluster.join_timeout_s:g} s: is every process of the run started, with the "
-                                 f"same cluster.world_size and its own rank?")
+            raise TransportError(f"gave up {what} after cluster.join_timeout_s={timeout_s:g} s: is the learner "
+                                 f"running, at this address?")
     if failure:
-        raise TransportError(f"could not join {where}: {_reason(failure[0])}")
+        raise TransportError(f"failed {what}: {_reason(failure[0])}")
+    return result[0]
 
 
-def _leave(graceful: bool) -> None:
+def _leave() -> None:
     global _endpoint
     try:
-        if graceful:
-            # On a timeout torch logs the exception and still finishes the local shutdown; the caller only
-            # needs to know that it is over.
-            logging.getLogger("torch.distributed.rpc.api").setLevel(logging.CRITICAL)
-            rpc.shutdown(graceful=True, timeout=SHUTDOWN_TIMEOUT_S)
-        else:
-            rpc.shutdown(graceful=False)
-    except Exception:  # noqa: BLE001 - a peer that did not take part in the graceful shutdown in time
+        rpc.shutdown(graceful=False)
+    except Exception:  # noqa: BLE001 - already shut down
         pass
     finally:
         _endpoint = None
@@ -163,8 +178,14 @@ def _on_cpu(message):
 
 
 def _reason(error: BaseException) -> str:
+    """The first line of an RPC error, without TensorPipe's source location; a timeout said as such."""
     text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+    if not text:
+        return type(error).__name__
+    text = text.splitlines()[0].split(" (this error originated at")[0]
+    if "RPC ran for more than set timeout" in text:
+        return "no answer within transport.rpc_timeout_s (hung, or too slow)"
+    return text
 
 
 # --------------------------------------------------------------------------------------------- learner side
@@ -177,39 +198,120 @@ class Delivery(NamedTuple):
 
 
 class LearnerTransport:
-    """The learner's endpoint: receive chunks, acknowledge them when more data is wanted, publish weights
-    without waiting on a slow collector, stop the collectors at the end."""
+    """The learner's endpoint: admit collectors into their slots, receive chunks, acknowledge them when more data
+    is wanted, publish weights without waiting on a slow collector, drop collectors that die or hang, stop the
+    collectors at the end."""
 
     def __init__(self, cfg: Config, stop: threading.Event, placement: Placement):
         global _endpoint
         self.cfg = cfg
         self.placement = placement
         self._inbox: queue.SimpleQueue[Delivery] = queue.SimpleQueue()
+        self._lock = threading.RLock()         # membership below: the admission thread, RPC threads, the loop
+        self.alive: set[str] = set()           # collectors that said hello and have not been lost or left
+        self.lost: dict[str, str] = {}         # collector name -> why it was last dropped
+        self.changes: queue.SimpleQueue[tuple[str, str, str]] = queue.SimpleQueue()   # (what, name, detail)
         self._publishing: dict[str, Future] = {}
-        self.alive = {worker_name(collector_rank(i)) for i in range(cfg.num_collectors)}
-        self.lost: dict[str, str] = {}        # collector name -> why it was dropped
-        self._unanswered: set[Future] = set()  # every chunk's answer until it is sent, so stopping answers all
-        self._heard = {name: time.monotonic() for name in self.alive}   # last chunk or answered ping
         self._pinging: dict[str, Future] = {}
-        self._lock = threading.Lock()
+        self._heard: dict[str, float] = {}     # last chunk or answered ping
+        self._active: dict[int, int] = {}      # slot -> RPC id of the live process in it
+        self._latest: Weights | None = None
+        self._unanswered: set[Future] = set()  # every chunk's answer until it is sent, so stopping answers all
         self._closed = False
         _endpoint = self
-        _join(cfg, LEARNER_RANK, stop, placement)
+        host, port = membership.rendezvous_address(cfg.cluster.init_method, dict(os.environ))
+        address = _listen_address(cfg)
+        timeout = cfg.cluster.join_timeout_s
+
+        def start() -> membership.Registry:
+            store = membership.open_store(host, port, listen_on=address, timeout_s=timeout)
+            rpc.init_rpc(worker_name(LEARNER_RANK), rank=LEARNER_RANK,
+                         rpc_backend_options=_options(cfg, placement, host, port))
+            registry = membership.Registry(store, cfg.num_collectors, on_replace=self._on_replace)
+            registry.start()
+            return registry
+
+        self.registry = _in_thread(start, stop, timeout, f"starting the run's rendezvous at {address}:{port}")
+
+    # ------------------------------------------------------------------------------------- membership
+
+    def _on_replace(self, slot: int) -> None:
+        """Admission thread: a new process takes `slot`; the one before it (dead, hung or not) is dropped."""
+        name = worker_name(collector_rank(slot))
+        with self._lock:
+            if name in self.alive:
+                self._drop(name, "replaced by a new process")
+        self.registry.forget(name)
+
+    def _on_hello(self, slot: int, rpc_id: int) -> Weights | None:
+        name = worker_name(collector_rank(slot))
+        with self._lock:
+            if not self.registry.is_current(slot, rpc_id) or self._closed:
+                return None
+            self.alive.add(name)
+            self._active[slot] = rpc_id
+            self._heard[name] = time.monotonic()
+            self._publishing.pop(name, None)
+            self._pinging.pop(name, None)
+            incarnation = self.registry.incarnations[slot] - 1
+        self.changes.put(("joined", name, f"process {incarnation + 1} of its slot"))
+        self.registry.keep_learner_only()
+        latest = self._latest
+        return None if latest is None else _on_cpu(latest)
+
+    def _on_goodbye(self, slot: int, rpc_id: int) -> None:
+        name = worker_name(collector_rank(slot))
+        with self._lock:
+            if not self.registry.is_current(slot, rpc_id) or name not in self.alive:
+                return
+            self.alive.discard(name)
+            self._active.pop(slot, None)
+        self.changes.put(("left", name, ""))
+        self.registry.forget(name)
+
+    def _drop(self, name: str, why: str) -> None:
+        """Call with the lock held."""
+        self.alive.discard(name)
+        self._active.pop(int(name.removeprefix("collector")), None)
+        self._publishing.pop(name, None)
+        self._pinging.pop(name, None)
+        self.lost[name] = why
+        self.changes.put(("lost", name, why))
+
+    def _lose(self, name: str, why: str) -> None:
+        """A collector that failed a call is dropped; forgetting it may wait on a join, so not on this thread."""
+        with self._lock:
+            if name not in self.alive:
+                return
+            self._drop(name, why)
+        threading.Thread(target=self.registry.forget, args=(name,), name="forget", daemon=True).start()
+
+    def sender_standing(self, chunk: Chunk) -> str:
+        """`newest`: the chunk comes from the newest process admitted to its slot (alive, or dropped for a hang and
+        not yet replaced); `former`: from a process admitted before it; `unknown`: from none admitted."""
+        if self.registry.is_current(chunk.collector, chunk.sender):
+            return "newest"
+        return "former" if chunk.sender in self.registry.admitted else "unknown"
+
+    # ------------------------------------------------------------------------------------------ data
 
     def _on_chunk(self, chunk: Chunk) -> Future:
         ack = Future()
-        self._heard[worker_name(collector_rank(chunk.collector))] = time.monotonic()
+        if isinstance(chunk, Chunk) and isinstance(chunk.collector, int):
+            self._heard[worker_name(collector_rank(chunk.collector))] = time.monotonic()
         with self._lock:
             if self._closed:
                 ack.set_result(Ack(0, stop=True))
             else:
                 self._unanswered.add(ack)
-                self._inbox.put(Delivery(chunk, ack, _arrival(chunk)))
+                arrived = _arrival(chunk) if isinstance(chunk, Chunk) else None
+                self._inbox.put(Delivery(chunk, ack, arrived))
         return ack
 
     def receive(self, timeout: float) -> list[Delivery]:
         """Everything that arrived, waiting up to `timeout` seconds for the first delivery; chunks that arrived on
-        a GPU are ready to use on the calling thread's stream."""
+        a GPU are ready to use on the calling thread's stream. A delivery may hold anything a peer sent: the
+        learner checks it before use."""
         deliveries = []
         try:
             deliveries.append(self._inbox.get(timeout=timeout) if timeout > 0 else self._inbox.get_nowait())
@@ -218,11 +320,16 @@ class LearnerTransport:
         except queue.Empty:
             pass
         for delivery in deliveries:
-            _settle(delivery.chunk, delivery.arrived)
+            if isinstance(delivery.chunk, Chunk):
+                _settle(delivery.chunk, delivery.arrived)
         return deliveries
 
     def acknowledge(self, delivery: Delivery, ack: Ack) -> None:
+        """Answers a chunk; a process that is no longer in the run learns so from the answer."""
         with self._lock:
+            chunk = delivery.chunk
+            if getattr(chunk, "sender", None) != self._active.get(getattr(chunk, "collector", None)):
+                ack = ack._replace(dropped=True)
             if delivery.ack in self._unanswered:
                 self._unanswered.discard(delivery.ack)
                 delivery.ack.set_result(ack)
@@ -238,70 +345,94 @@ class LearnerTransport:
         """Sends `weights` to every live collector whose previous weights have arrived; a collector still busy
         receiving skips this version and gets a newer one. Collectors without a device map get a CPU copy.
         Returns how many it was sent to."""
+        self._latest = weights
         sent, on_cpu = 0, None
-        for name in sorted(self.alive):
+        with self._lock:
+            names = sorted(self.alive)
+        for name in names:
             previous = self._publishing.get(name)
             if previous is not None:
                 if not previous.done():
                     continue
                 self._check(name, previous)
-                if name not in self.alive:
-                    continue
             if self.placement.sends_cuda_to(name):
                 message = weights
             else:
                 message = on_cpu = on_cpu or _on_cpu(weights)
-            self._publishing[name] = rpc.rpc_async(name, _receive_weights, args=(message,),
-                                                   timeout=self.cfg.transport.rpc_timeout_s)
-            sent += 1
+            future = self._call(name, _receive_weights, (message,))
+            if future is not None:
+                self._publishing[name] = future
+                sent += 1
         return sent
+
+    def _call(self, name: str, function, args: tuple = ()) -> Future | None:
+        try:
+            return rpc.rpc_async(name, function, args=args, timeout=self.cfg.transport.rpc_timeout_s)
+        except RuntimeError as e:   # dropped meanwhile by another thread
+            self._lose(name, _reason(e))
+            return None
 
     def watch(self) -> None:
         """Pings each live collector not heard from for QUIET_S; one whose ping fails is lost."""
         now = time.monotonic()
-        for name in sorted(self.alive):
+        with self._lock:
+            names = sorted(self.alive)
+        for name in names:
             ping = self._pinging.get(name)
             if ping is not None:
                 if ping.done():
-                    del self._pinging[name]
-                    self._check(name, ping)
-                    self._heard[name] = now
-            elif now - self._heard[name] > QUIET_S:
-                self._pinging[name] = rpc.rpc_async(name, _ping, timeout=self.cfg.transport.rpc_timeout_s)
+                    self._pinging.pop(name, None)
+                    if self._check(name, ping):
+                        self._heard[name] = now
+            elif now - self._heard.get(name, now) > QUIET_S:
+                future = self._call(name, _ping)
+                if future is not None:
+                    self._pinging[name] = future
 
-    def _check(self, name: str, future: Future) -> None:
+    def _check(self, name: str, future: Future) -> bool:
         try:
             future.wait()
+            return True
         except Exception as e:  # noqa: BLE001 - RPC errors arrive as RuntimeError
-            self.alive.discard(name)
-            self.lost[name] = _reason(e)
+            self._lose(name, _reason(e))
+            return False
 
     def stop_collectors(self, timeout: float) -> None:
-        """Tells every live collector that the run is over and answers every chunk still waiting."""
+        """Refuses new collectors, tells every live one that the run is over, answers every chunk still waiting,
+        and gives them `timeout` seconds to say goodbye."""
+        self.registry.close()
         self._answer_all_with_stop()
-        futures = {name: rpc.rpc_async(name, _request_stop, timeout=timeout) for name in sorted(self.alive)}
+        with self._lock:
+            names = sorted(self.alive)
+        futures = {name: self._call(name, _request_stop) for name in names}
         for name, future in futures.items():
-            self._check(name, future)
+            if future is not None:
+                self._check(name, future)
+        deadline = time.monotonic() + timeout
+        while self.alive and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def close(self) -> None:
+        self.registry.close()
         self._answer_all_with_stop()
         deadline = time.monotonic() + 5.0
-        for future in self._publishing.values():
+        for future in list(self._publishing.values()):
             while not future.done() and time.monotonic() < deadline:
                 time.sleep(0.01)
-        _leave(graceful=not self.lost)
+        _leave()
 
 
 # ------------------------------------------------------------------------------------------- collector side
 
 
 class CollectorTransport:
-    """A collector's endpoint: send chunks with at most `max_chunks_in_flight` unanswered, pick up the newest
-    weights, learn that the run is over."""
+    """A collector's endpoint: join the run in slot `index`, send chunks with at most `max_chunks_in_flight`
+    unanswered, pick up the newest weights, learn that the run is over, say goodbye."""
 
     def __init__(self, cfg: Config, index: int, stop: threading.Event, placement: Placement):
         global _endpoint
         self.cfg = cfg
+        self.index = index
         self.placement = placement
         self._cuda_to_learner = placement.sends_cuda_to(worker_name(LEARNER_RANK))
         self._local_stop = stop                  # this process is asked to stop (a signal)
@@ -312,7 +443,23 @@ class CollectorTransport:
         self._learner_lost = False
         self.last_ack: Ack | None = None
         _endpoint = self
-        _join(cfg, collector_rank(index), stop, placement)
+        host, port = membership.rendezvous_address(cfg.cluster.init_method, dict(os.environ))
+        _listen_address(cfg)
+        timeout = cfg.cluster.join_timeout_s
+        name = worker_name(collector_rank(index))
+
+        def join() -> tuple[membership.Admission, Weights | None]:
+            store = membership.open_store(host, port, listen_on=None, timeout_s=timeout)
+            admission = membership.ask_admission(store, index, timeout, stop)
+            rpc.init_rpc(name, rank=admission.rpc_id, rpc_backend_options=_options(cfg, placement, host, port))
+            return admission, rpc.rpc_sync(worker_name(LEARNER_RANK), _hello, args=(index, admission.rpc_id),
+                                           timeout=cfg.transport.rpc_timeout_s)
+
+        admission, first = _in_thread(join, stop, timeout, f"joining the run at {host}:{port} as {name}")
+        self.rpc_id, self.incarnation = admission.rpc_id, admission.incarnation
+        if first is None:
+            raise TransportError(f"the learner took {name} for replaced or the run is over")
+        self._weights = (first, None)
 
     def _on_weights(self, weights: Weights) -> None:
         arrived = _arrival(weights.state.values())
@@ -345,7 +492,8 @@ class CollectorTransport:
         return weights
 
     def wait_weights(self, timeout: float) -> Weights | None:
-        """Blocks until the learner's first weights arrive; None if the run or this process stops first."""
+        """Blocks until the learner's weights arrive (they come with the admission); None if the run or this
+        process stops first."""
         deadline = time.monotonic() + timeout
         with self._weights_arrived:
             while self._weights is None and not self._stop.is_set() and not self._local_stop.is_set():
@@ -359,10 +507,15 @@ class CollectorTransport:
     def send(self, chunk: Chunk) -> Ack | None:
         """Sends a chunk; first waits for the oldest answer while `max_chunks_in_flight` are unanswered.
         Returns the newest answer so far."""
+        chunk = chunk._replace(sender=self.rpc_id)
         if not self._cuda_to_learner:
             chunk = _on_cpu(chunk)   # staged in host memory (the cpu transport, or a learner this GPU cannot reach)
         # No deadline (0): the learner holds the answer while it trains; _await checks that it is alive.
-        self._in_flight.append(rpc.rpc_async(worker_name(LEARNER_RANK), _submit_chunk, args=(chunk,), timeout=0))
+        try:
+            self._in_flight.append(rpc.rpc_async(worker_name(LEARNER_RANK), _submit_chunk, args=(chunk,), timeout=0))
+        except RuntimeError as e:
+            self._learner_lost = True
+            raise TransportError(f"learner unreachable: {_reason(e)}") from None
         while self._in_flight and (self._in_flight[0].done() or
                                    len(self._in_flight) > self.cfg.collectors.max_chunks_in_flight):
             if not self._await(self._in_flight[0]):
@@ -371,9 +524,9 @@ class CollectorTransport:
         return self.last_ack
 
     def _await(self, future: Future, patience_s: float | None = None) -> bool:
-        """Waits for an answer; every transport.rpc_timeout_s without one, pings the learner, and gives up on a
-        learner that does not answer. Returns False when this process is asked to stop, or when `patience_s`
-        (which replaces that condition) runs out."""
+        """Waits for an answer; after QUIET_S without one, and then every QUIET_S, pings the learner and gives up
+        on a learner that does not answer within transport.rpc_timeout_s. Returns False when this process is
+        asked to stop, or when `patience_s` (which replaces that condition) runs out."""
         if future.done():
             return True
         arrived = threading.Event()
@@ -387,7 +540,7 @@ class CollectorTransport:
                     return False
             elif now - started > patience_s:
                 return False
-            if now - last_sign_of_life > timeout:
+            if now - last_sign_of_life > min(QUIET_S, timeout):
                 try:
                     rpc.rpc_sync(worker_name(LEARNER_RANK), _ping, timeout=timeout)
                 except Exception as e:  # noqa: BLE001 - RPC errors arrive as RuntimeError
@@ -408,10 +561,17 @@ class CollectorTransport:
         self.last_ack = ack
         if ack.stop:
             self._stop.set()
+        elif ack.dropped:
+            raise TransportError("the learner dropped this process from the run (it took it for dead, or a new "
+                                 "process took its slot)")
+
+    @property
+    def learner_lost(self) -> bool:
+        return self._learner_lost
 
     def close(self) -> None:
         """Waits a few seconds for the answers to chunks in flight (the learner answers them all when it stops
-        the run), then leaves."""
+        the run), says goodbye, and leaves."""
         self._stop.set()   # errors from here on are the run ending, not a lost learner
         deadline = time.monotonic() + 5.0
         try:
@@ -422,5 +582,10 @@ class CollectorTransport:
                 self._take_answer(future)
         except TransportError:
             pass
+        try:
+            if not self._learner_lost:
+                rpc.rpc_sync(worker_name(LEARNER_RANK), _goodbye, args=(self.index, self.rpc_id), timeout=5.0)
+        except Exception:  # noqa: BLE001 - the learner left first: nothing to tell it
+            pass
         finally:
-            _leave(graceful=not self._learner_lost and not self._in_flight)
+            _leave()

@@ -1,0 +1,222 @@
+"""Faults with real processes, real Atari and real RPC: a collector killed or hung and replaced while the learner
+trains on, a learner killed and its run resumed, and every listening socket of a run on loopback only."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from test_end_to_end import ROOT, launch, processes_of, scalars, wait_for
+from test_transport import free_port
+
+
+class Console:
+    """Reads a launcher's output as it comes, so a test can wait for a line."""
+
+    def __init__(self, process: subprocess.Popen):
+        self.process, self.lines = process, []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+    def wait_for(self, text: str, timeout: float, after: float = 0.0) -> float:
+        """When the first line containing `text` printed after `after` came."""
+        def seen():
+            return next((t for t, line in list(self.lines) if text in line and t >= after), None)
+        return wait_for(seen, timeout, f"a line with {text!r}; last lines:\n{self.text[-3000:]}")
+
+    @property
+    def text(self) -> str:
+        return "\n".join(line for _, line in self.lines)
+
+    def finish(self, timeout: float) -> int:
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            pytest.fail(f"{self.process.args} did not end within {timeout} s:\n{self.text[-3000:]}")
+
+
+@pytest.fixture
+def runs(tmp_path, monkeypatch):
+    monkeypatch.setenv("RL_DQN_RUNS_DIR", str(tmp_path))
+    monkeypatch.setenv("RL_DQN_PYTHON", sys.executable)
+    yield tmp_path
+    # A failed test leaves nothing running (the runs are named after their folder, which only this test uses).
+    for folder in tmp_path.iterdir():
+        for line in processes_of(folder.name):
+            try:
+                os.kill(int(line.split()[0]), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+LONG = ["train.total_env_steps=10000000", "metrics.interval_s=1"]
+
+
+def pid_of(run: str, index: int) -> int:
+    return int(wait_for(lambda: [line.split()[0] for line in processes_of(run) if f"--local-index={index}" in line],
+                        timeout=60, what=f"collector{index} to start")[0])
+
+
+def end_with_sigterm(console: Console, runs, run: str) -> dict:
+    console.process.send_signal(signal.SIGTERM)
+    assert console.finish(40) == 128 + signal.SIGTERM, console.text[-3000:]
+    assert not processes_of(run)
+    return json.loads((runs / run / "summary.json").read_text())
+
+
+def test_a_killed_collector_is_replaced_while_the_learner_trains_on(runs):
+    console = Console(launch("local.sh", "configs/smoke.yaml", "run.name=kill", *LONG))
+    console.wait_for("[learner] env steps", timeout=90)
+    victim = pid_of("kill", 1)
+    wait_for(lambda: len(scalars(runs / "kill").get("learner/loss", [])) >= 2, timeout=60, what="training")
+    replay_before = scalars(runs / "kill")["learner/replay_size"][-1]
+    os.kill(victim, signal.SIGKILL)
+    killed = time.monotonic()
+    console.wait_for("[learner] collector1 lost: ", timeout=15, after=killed)
+    console.wait_for("collector1 died (killed by SIGKILL); starting a new process (restart 1 of 10)", timeout=10)
+    rejoined = console.wait_for("[learner] collector1 joined (process 2 of its slot)", timeout=30, after=killed)
+    console.wait_for("[collector1] acting in", timeout=30, after=rejoined)
+    time.sleep(max(0.0, killed + 30 - time.monotonic()))
+    summary = end_with_sigterm(console, runs, "kill")
+    # The new process's chunks entered replay within 30 s of the kill; nothing that arrived was lost.
+    slot = summary["collectors"]["collector1"]
+    assert slot["processes"] == 2 and slot["senders"] == 2, slot
+    assert summary["dropped_chunks"] == 0 and summary["rejected_chunks"] == {}
+    assert summary["replay_size"] >= replay_before
+    # The learner never paused: an update in every one-second interval from the first to the last.
+    values = scalars(runs / "kill")
+    rates = values["learner/updates_per_s"]
+    first = next(i for i, r in enumerate(rates) if r > 0)
+    assert all(r > 0 for r in rates[first:-1]), rates
+    assert 1 in values["cluster/collectors_alive"] and values["cluster/collectors_alive"][-1] == 2
+
+
+def test_a_hung_collector_is_dropped_and_replaced_when_it_wakes(runs):
+    """SIGSTOP: the learner's ping times out (5 s quiet + transport.rpc_timeout_s); it trains on with the other
+    collector. Woken up, the dropped process learns from its next answer that it is out, exits, and is replaced."""
+    console = Console(launch("local.sh", "configs/smoke.yaml", "run.name=hang", *LONG, "transport.rpc_timeout_s=3"))
+    console.wait_for("[learner] env steps", timeout=90)
+    victim = pid_of("hang", 1)
+    time.sleep(3)
+    os.kill(victim, signal.SIGSTOP)
+    stopped = time.monotonic()
+    lost = console.wait_for("[learner] collector1 lost: no answer within transport.rpc_timeout_s", timeout=20)
+    assert lost - stopped < 5 + 3 + 3
+    steps_when_lost = scalars(runs / "hang")["learner/updates"][-1]
+    time.sleep(4)
+    assert scalars(runs / "hang")["learner/updates"][-1] > steps_when_lost, "the learner stopped training"
+    os.kill(victim, signal.SIGCONT)
+    console.wait_for("collector1 died", timeout=30, after=stopped)
+    console.wait_for("[learner] collector1 joined (process 2 of its slot)", timeout=30, after=stopped)
+    summary = end_with_sigterm(console, runs, "hang")
+    assert summary["collectors"]["collector1"]["processes"] == 2
+    assert summary["lost_collectors"] == {"collector1": "no answer within transport.rpc_timeout_s (hung, or too slow)"}
+
+
+def two_nodes(run: str, *extra: str) -> tuple[list[str], int]:
+    port = free_port()
+    return [f"cluster.init_method=tcp://127.0.0.1:{port}", "cluster.world_size=3", "cluster.interface=lo",
+            f"run.name={run}", *extra], port
+
+
+def test_learner_death_then_resume_continues_the_run(runs):
+    """kill -9 the learner of a two-node run: its collectors notice and exit cleanly within 30 s. Started again with
+    run.resume=true, the learner continues from its last checkpoint: counters, replay and curves go on."""
+    cluster, _ = two_nodes("resume", "learner.checkpoint_every_updates=40", "train.total_env_steps=12000",
+                           "metrics.interval_s=1", "eval.every_env_steps=0")
+    learner = Console(launch("learner.sh", "configs/smoke.yaml", *cluster))
+    collectors = Console(launch("collector.sh", "configs/smoke.yaml", *cluster, "cluster.rank=1"))
+    checkpoints = runs / "resume" / "checkpoints"
+    wait_for(lambda: len(list(checkpoints.glob("checkpoint_*.pt"))) >= 2, timeout=120, what="two checkpoints")
+    os.kill(learner.process.pid, signal.SIGKILL)    # learner.sh execs the learner: this is the learner
+    killed = time.monotonic()
+    assert collectors.finish(40) != 0
+    assert time.monotonic() - killed < 30
+    assert "learner unreachable" in collectors.text and "starting a new process" not in collectors.text
+    assert "Traceback" not in collectors.text
+    assert not processes_of("resume")
+    saved = sorted(checkpoints.glob("checkpoint_*.pt"))[-1]
+    saved_updates = int(saved.stem.split("_")[1])
+    before = scalars(runs / "resume")
+
+    learner = Console(launch("learner.sh", "configs/smoke.yaml", *cluster, "run.resume=true"))
+    collectors = Console(launch("collector.sh", "configs/smoke.yaml", *cluster, "cluster.rank=1"))
+    assert learner.finish(180) == 0, learner.text[-3000:]
+    assert collectors.finish(30) == 0, collectors.text[-3000:]
+    resumed = next(line for _, line in learner.lines if "resumed from" in line)
+    assert saved.name in resumed and "replay 0 transitions" not in resumed and "holds no replay" not in resumed
+    summary = json.loads((runs / "resume" / "summary.json").read_text())
+    # Counters went on from the checkpoint: the replay ratio holds over both parts of the run.
+    assert summary["updates"] == 2 * (summary["env_steps"] - 1000) // 32 > saved_updates
+    after = scalars(runs / "resume")
+    assert len(after["learner/loss"]) > len(before["learner/loss"])
+    assert not processes_of("resume")
+
+
+def test_sigint_on_a_collector_node_ends_it_and_the_learner_trains_on(runs):
+    cluster, _ = two_nodes("sigint", *LONG)
+    learner = Console(launch("learner.sh", "configs/smoke.yaml", *cluster))
+    collectors = Console(launch("collector.sh", "configs/smoke.yaml", *cluster, "cluster.rank=1"))
+    learner.wait_for("[learner] env steps", timeout=90)
+    sent = time.monotonic()
+    collectors.process.send_signal(signal.SIGINT)
+    assert collectors.finish(40) == 128 + signal.SIGINT and time.monotonic() - sent < 30
+    learner.wait_for("[learner] collector0 left", timeout=10)
+    learner.wait_for("[learner] collector1 left", timeout=10)
+    learner.process.send_signal(signal.SIGINT)
+    assert learner.finish(40) == 0, learner.text[-3000:]
+    assert list((runs / "sigint" / "checkpoints").glob("checkpoint_*.pt"))
+    assert not processes_of("sigint")
+
+
+def listening(pids: set[int]) -> list[str]:
+    """Local addresses of the TCP sockets these processes listen on (from `ss`)."""
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
+    return [line.split()[3] for line in out.splitlines() if any(f"pid={p}," in line for p in pids)]
+
+
+def test_a_one_node_run_listens_on_loopback_only(runs):
+    console = Console(launch("local.sh", "configs/smoke.yaml", "run.name=ports", *LONG))
+    console.wait_for("[learner] env steps", timeout=90)
+    pids = {int(line.split()[0]) for line in processes_of("ports")}
+    pids |= {int(p) for pid in list(pids) for p in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True,
+                                                                  text=True).stdout.split()}
+    addresses = listening(pids)
+    # The learner's store, and TensorPipe's listeners in the learner and both collectors.
+    assert len(addresses) >= 4, addresses
+    assert all(a.rsplit(":", 1)[0] in ("127.0.0.1", "[::ffff:127.0.0.1]") for a in addresses), addresses
+    end_with_sigterm(console, runs, "ports")
+
+
+@pytest.mark.parametrize("interface", ["lo", "nosuch0"])
+def test_a_multi_node_learner_listens_on_the_named_interface_only(runs, interface):
+    cluster, port = two_nodes(f"iface-{interface}", *LONG)
+    cluster = [c if not c.startswith("cluster.interface") else f"cluster.interface={interface}" for c in cluster]
+    learner = Console(launch("learner.sh", "configs/smoke.yaml", *cluster))
+    if interface == "nosuch0":
+        assert learner.finish(60) == 2
+        assert "config error: cluster.interface: no IPv4 address on interface 'nosuch0'; this node has " \
+            in learner.text
+        return
+    learner.wait_for("waiting for 2 collectors", timeout=60)
+    addresses = wait_for(lambda: [a for a in listening({learner.process.pid}) if a.endswith(f":{port}")] and
+                         listening({learner.process.pid}), timeout=30, what="the store to listen")
+    assert all(a.startswith("127.0.0.1:") for a in addresses), addresses
+    learner.process.send_signal(signal.SIGTERM)
+    assert learner.finish(40) == 0
+
+
+def test_a_multi_node_run_must_name_its_interface():
+    result = subprocess.run([str(ROOT / "launch" / "learner.sh"), "configs/smoke.yaml", "cluster.world_size=3",
+                             "cluster.init_method=tcp://127.0.0.1:29500"], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 2 and result.stderr.startswith("rl_dqn: config error: cluster.interface: must name")
