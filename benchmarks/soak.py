@@ -1,0 +1,138 @@
+"""Soak: a one-node run left alone for a long time while a random collector is killed every few minutes.
+
+    python benchmarks/soak.py --minutes 30 --kill-every-s 180 [CONFIG] [section.key=value ...]
+
+Prints, at the end: how long the learner ran and whether it ever stopped training, every kill and how long the
+slot took to get a new process contributing again, what data was lost (chunks dropped or refused, and whether
+replay ever shrank), and the learner's memory over the run (resident set size, first and last quarter).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def rss_mb(pid: int) -> float | None:
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    return int(re.search(r"VmRSS:\s+(\d+)", text).group(1)) / 1024
+
+
+def pids_of(run: str) -> dict[str, int]:
+    out = subprocess.run(["pgrep", "-af", f"run.name={run}"], capture_output=True, text=True).stdout
+    roles = {}
+    for line in out.splitlines():
+        pid, command = line.split(maxsplit=1)
+        if " -m rl_dqn learner " in command:
+            roles["learner"] = int(pid)
+        elif (index := re.search(r"--local-index=(\d+)", command)) is not None:
+            roles[f"collector{index.group(1)}"] = int(pid)
+    return roles
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("config", nargs="?", default="configs/smoke.yaml")
+    parser.add_argument("overrides", nargs="*")
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--kill-every-s", type=float, default=180.0)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    runs = Path(os.environ.get("RL_DQN_RUNS_DIR") or tempfile.mkdtemp(prefix="soak-"))
+    run = f"soak-{time.strftime('%Y%m%d-%H%M%S')}"
+    command = [sys.executable, "-m", "rl_dqn", "local", args.config, f"run.name={run}",
+               "train.total_env_steps=1000000000000", "metrics.interval_s=5", "eval.every_env_steps=0",
+               *args.overrides]
+    env = dict(os.environ, RL_DQN_RUNS_DIR=str(runs), PYTHONPATH=str(ROOT))
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    lines: list[tuple[float, str]] = []
+
+    def read() -> None:
+        for line in process.stdout:
+            lines.append((time.monotonic(), line.rstrip("\n")))
+
+    threading.Thread(target=read, daemon=True).start()
+    started = time.monotonic()
+    end = started + args.minutes * 60
+    memory: list[tuple[float, float]] = []
+    kills: list[tuple[float, str]] = []
+    learner_pids = set()
+    next_kill = started + args.kill_every_s
+    while time.monotonic() < end and process.poll() is None:
+        time.sleep(5)
+        roles = pids_of(run)
+        if "learner" in roles:
+            learner_pids.add(roles["learner"])
+            if (mb := rss_mb(roles["learner"])) is not None:
+                memory.append((time.monotonic() - started, mb))
+        collectors = sorted(name for name in roles if name.startswith("collector"))
+        if time.monotonic() >= next_kill and collectors:
+            victim = rng.choice(collectors)
+            os.kill(roles[victim], signal.SIGKILL)
+            kills.append((time.monotonic(), victim))
+            print(f"[soak] {time.monotonic() - started:7.0f} s: killed {victim} (pid {roles[victim]})", flush=True)
+            next_kill += args.kill_every_s
+    alive_at_end = process.poll() is None
+    if alive_at_end:
+        process.send_signal(signal.SIGTERM)
+    code = process.wait(timeout=60)
+    wall = time.monotonic() - started
+
+    # Each kill: when its slot's new process joined and when that process acted (its first chunk follows at once).
+    recoveries = []
+    for at, victim in kills:
+        joined = next((t for t, line in lines if t > at and f"[learner] {victim} joined" in line), None)
+        acting = next((t for t, line in lines if t > at and f"[{victim}] acting in" in line), None)
+        recoveries.append((victim, None if joined is None else joined - at, None if acting is None else acting - at))
+    summary = json.loads((runs / run / "summary.json").read_text())
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(runs / run), size_guidance={"scalars": 0})
+    events.Reload()
+    rates = [e.value for e in events.Scalars("learner/updates_per_s")]
+    replay = [e.value for e in events.Scalars("learner/replay_size")]
+    first_training = next((i for i, r in enumerate(rates) if r > 0), len(rates))
+    idle = sum(1 for r in rates[first_training:-1] if r == 0)
+
+    print(f"\nsoak of {run}: {wall / 60:.1f} min, a collector killed every {args.kill_every_s:g} s; "
+          f"launcher exit {code} ({'ended by the soak' if alive_at_end else 'ended by itself'})")
+    print(f"learner: {len(learner_pids)} process(es) over the whole run (1 = never restarted); "
+          f"{summary['env_steps']:,} env steps, {summary['updates']:,} updates; "
+          f"{idle} of {len(rates) - first_training - 1} five-second intervals without an update once training began")
+    for victim, joined, acting in recoveries:
+        print(f"  killed {victim}: new process joined after "
+              f"{'never' if joined is None else f'{joined:.1f} s'}, acting after "
+              f"{'never' if acting is None else f'{acting:.1f} s'}")
+    shrank = sum(1 for a, b in zip(replay, replay[1:]) if b < a)
+    print(f"data lost: {summary['dropped_chunks']} chunks dropped, refused {summary['rejected_chunks'] or 'none'}; "
+          f"replay size fell {shrank} times (full at {max(replay):,.0f})")
+    if memory:
+        quarter = max(1, len(memory) // 4)
+        first = sum(mb for _, mb in memory[:quarter]) / quarter
+        last = sum(mb for _, mb in memory[-quarter:]) / quarter
+        print(f"learner memory (RSS): {first:,.0f} MB in the first quarter, {last:,.0f} MB in the last "
+              f"({last - first:+,.0f} MB over {(memory[-1][0] - memory[0][0]) / 60:.0f} min); peak "
+              f"{max(mb for _, mb in memory):,.0f} MB")
+    print("per slot: " + ", ".join(f"{name} {s['processes']} processes, {s['env_steps']:,} env steps"
+                                    for name, s in summary["collectors"].items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
