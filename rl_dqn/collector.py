@@ -122,7 +122,9 @@ class Collector:
         net.load_state_dict(weights.state)
         version = weights.version
         builder = ChunkBuilder(cfg.collectors.chunk_steps, E, env.spec, device)
-        run_env_steps, seq = 0, 0
+        # A process that joins a run under way (a restart, a resumed learner) starts the schedule where the run is.
+        seq = 0
+        run_env_steps = self.transport.last_ack.env_steps if self.transport.last_ack is not None else 0
         epsilons = self._epsilons(run_env_steps)
         obs, obs_first = env.reset().to(device), torch.ones(E, dtype=torch.bool)
         say(self.name, f"acting in {E} x {cfg.env.id} on {device}, "

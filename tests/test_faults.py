@@ -75,7 +75,9 @@ def end_with_sigterm(console: Console, runs, run: str) -> dict:
 
 
 def test_a_killed_collector_is_replaced_while_the_learner_trains_on(runs):
-    console = Console(launch("local.sh", "configs/smoke.yaml", "run.name=kill", *LONG))
+    # A linear epsilon schedule: the new process must take it up where the run stands, not from its start.
+    console = Console(launch("local.sh", "configs/smoke.yaml", "run.name=kill", *LONG, "collectors.exploration=linear",
+                             "collectors.epsilon_decay_env_steps=1000", "collectors.epsilon_end=0.05"))
     console.wait_for("[learner] env steps", timeout=90)
     victim = pid_of("kill", 1)
     wait_for(lambda: len(scalars(runs / "kill").get("learner/loss", [])) >= 2, timeout=60, what="training")
@@ -85,7 +87,9 @@ def test_a_killed_collector_is_replaced_while_the_learner_trains_on(runs):
     console.wait_for("[learner] collector1 lost: ", timeout=15, after=killed)
     console.wait_for("collector1 died (killed by SIGKILL); starting a new process (restart 1 of 10)", timeout=10)
     rejoined = console.wait_for("[learner] collector1 joined (process 2 of its slot)", timeout=30, after=killed)
-    console.wait_for("[collector1] acting in", timeout=30, after=rejoined)
+    acting = console.wait_for("[collector1] acting in", timeout=30, after=rejoined)
+    line = next(line for t, line in console.lines if t == acting and "[collector1] acting in" in line)
+    assert line.endswith("epsilon 0.05..0.05"), line
     time.sleep(max(0.0, killed + 30 - time.monotonic()))
     summary = end_with_sigterm(console, runs, "kill")
     # The new process's chunks entered replay within 30 s of the kill; nothing that arrived was lost.

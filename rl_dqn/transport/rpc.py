@@ -1,7 +1,8 @@
 """Chunks, acknowledgements, weights and the stop signal over torch.distributed.rpc (TensorPipe).
 
 Plain module-level RPC functions carry everything; each routes to the one endpoint of its process:
-- collector -> learner `_hello(slot, rpc_id)` once joined: answered with the newest weights (a CPU copy);
+- collector -> learner `_hello(slot, rpc_id)` once joined: answered with the newest weights (a CPU copy) and the
+  run's env steps so far (where a linear epsilon schedule stands);
 - collector -> learner `_submit_chunk(chunk)`: answered with an `Ack` only when the learner wants more data,
   so a collector with `max_chunks_in_flight` unanswered chunks waits (this is the throttle). The learner may hold
   an answer for as long as it trains, so this call has no deadline; a collector that has waited QUIET_S checks
@@ -59,7 +60,7 @@ def _ping() -> bool:
     return True
 
 
-def _hello(slot: int, rpc_id: int) -> Weights | None:
+def _hello(slot: int, rpc_id: int) -> tuple[Weights, int] | None:
     return _endpoint._on_hello(slot, rpc_id)
 
 
@@ -216,6 +217,7 @@ class LearnerTransport:
         self._heard: dict[str, float] = {}     # last chunk or answered ping
         self._active: dict[int, int] = {}      # slot -> RPC id of the live process in it
         self._latest: Weights | None = None
+        self._env_steps = 0                    # the run's env steps in the newest answer
         self._unanswered: set[Future] = set()  # every chunk's answer until it is sent, so stopping answers all
         self._closed = False
         _endpoint = self
@@ -243,7 +245,7 @@ class LearnerTransport:
                 self._drop(name, "replaced by a new process")
         self.registry.forget(name)
 
-    def _on_hello(self, slot: int, rpc_id: int) -> Weights | None:
+    def _on_hello(self, slot: int, rpc_id: int) -> tuple[Weights, int] | None:
         name = worker_name(collector_rank(slot))
         with self._lock:
             if not self.registry.is_current(slot, rpc_id) or self._closed:
@@ -257,7 +259,7 @@ class LearnerTransport:
         self.changes.put(("joined", name, f"process {incarnation + 1} of its slot"))
         self.registry.keep_learner_only()
         latest = self._latest
-        return None if latest is None else _on_cpu(latest)
+        return None if latest is None else (_on_cpu(latest), self._env_steps)
 
     def _on_goodbye(self, slot: int, rpc_id: int) -> None:
         name = worker_name(collector_rank(slot))
@@ -330,6 +332,7 @@ class LearnerTransport:
             chunk = delivery.chunk
             if getattr(chunk, "sender", None) != self._active.get(getattr(chunk, "collector", None)):
                 ack = ack._replace(dropped=True)
+            self._env_steps = max(self._env_steps, ack.env_steps)
             if delivery.ack in self._unanswered:
                 self._unanswered.discard(delivery.ack)
                 delivery.ack.set_result(ack)
@@ -448,18 +451,20 @@ class CollectorTransport:
         timeout = cfg.cluster.join_timeout_s
         name = worker_name(collector_rank(index))
 
-        def join() -> tuple[membership.Admission, Weights | None]:
+        def join() -> tuple[membership.Admission, tuple[Weights, int] | None]:
             store = membership.open_store(host, port, listen_on=None, timeout_s=timeout)
             admission = membership.ask_admission(store, index, timeout, stop)
             rpc.init_rpc(name, rank=admission.rpc_id, rpc_backend_options=_options(cfg, placement, host, port))
             return admission, rpc.rpc_sync(worker_name(LEARNER_RANK), _hello, args=(index, admission.rpc_id),
                                            timeout=cfg.transport.rpc_timeout_s)
 
-        admission, first = _in_thread(join, stop, timeout, f"joining the run at {host}:{port} as {name}")
+        admission, welcome = _in_thread(join, stop, timeout, f"joining the run at {host}:{port} as {name}")
         self.rpc_id, self.incarnation = admission.rpc_id, admission.incarnation
-        if first is None:
+        if welcome is None:
             raise TransportError(f"the learner took {name} for replaced or the run is over")
+        first, env_steps = welcome
         self._weights = (first, None)
+        self.last_ack = Ack(env_steps, stop=False)   # where the run stands, until the first real answer
 
     def _on_weights(self, weights: Weights) -> None:
         arrived = _arrival(weights.state.values())
