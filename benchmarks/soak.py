@@ -112,6 +112,8 @@ def main() -> int:
 
     print(f"\nsoak of {run}: {wall / 60:.1f} min, a collector killed every {args.kill_every_s:g} s; "
           f"launcher exit {code} ({'ended by the soak' if alive_at_end else 'ended by itself'})")
+    if not alive_at_end:
+        print("the launcher's last lines:\n" + "\n".join(f"  {line}" for _, line in lines[-15:]))
     print(f"learner: {len(learner_pids)} process(es) over the whole run (1 = never restarted); "
           f"{summary['env_steps']:,} env steps, {summary['updates']:,} updates; "
           f"{idle} of {len(rates) - first_training - 1} five-second intervals without an update once training began")
@@ -119,9 +121,13 @@ def main() -> int:
         print(f"  killed {victim}: new process joined after "
               f"{'never' if joined is None else f'{joined:.1f} s'}, acting after "
               f"{'never' if acting is None else f'{acting:.1f} s'}")
-    shrank = sum(1 for a, b in zip(replay, replay[1:]) if b < a)
+    # Replay size counts drawable transitions: once the memory is full it moves a little as the lanes' heads
+    # advance (a transition is drawable once its n steps are in). Before that, a fall would be lost data.
+    full = next(i for i, size in enumerate(replay) if size >= 0.99 * max(replay))
+    shrank = sum(1 for a, b in zip(replay[:full + 1], replay[1:full + 1]) if b < a)
     print(f"data lost: {summary['dropped_chunks']} chunks dropped, refused {summary['rejected_chunks'] or 'none'}; "
-          f"replay size fell {shrank} times (full at {max(replay):,.0f})")
+          f"replay size fell {shrank} times while filling; once full it stayed in "
+          f"{min(replay[full:]):,.0f}..{max(replay):,.0f} drawable transitions")
     if memory:
         quarter = max(1, len(memory) // 4)
         first = sum(mb for _, mb in memory[:quarter]) / quarter

@@ -59,6 +59,7 @@ class VectorEnv:
 
     num_envs: int
     spec: EnvSpec
+    screen: np.ndarray | None = None   # env 0's game screen, RGB [H, W, 3], where the env keeps it
 
     def reset(self) -> torch.Tensor:
         raise NotImplementedError
@@ -107,10 +108,13 @@ def _make(env_id: str) -> gym.Env:
         raise EnvError(f"{env_id} cannot be created here: {str(e).strip().splitlines()[0]}") from None
 
 
-def make_vector_env(cfg: EnvConfig, num_envs: int, seed: int) -> VectorEnv:
-    """Atari for `ALE/...` ids, otherwise any gymnasium env with a Box observation and Discrete actions."""
+def make_vector_env(cfg: EnvConfig, num_envs: int, seed: int, screen: bool = False) -> VectorEnv:
+    """Atari for `ALE/...` ids, otherwise any gymnasium env with a Box observation and Discrete actions.
+    `screen`: env 0's game screen in colour is kept after every reset and step (`VectorEnv.screen`), for videos."""
     if cfg.is_atari:
-        return AtariVector(cfg, num_envs, seed)
+        return AtariVector(cfg, num_envs, seed, screen)
+    if screen:
+        raise EnvError(f"videos are recorded from Atari games (ALE/...), not from {cfg.id}")
     return ClassicVector(cfg, num_envs, seed)
 
 
@@ -124,27 +128,41 @@ class AtariVector(VectorEnv):
     come from ALE, and the training signals (clipped reward, terminal on a lost life) are derived here.
     """
 
-    def __init__(self, cfg: EnvConfig, num_envs: int, seed: int):
-        game = _gym_spec(cfg.id).kwargs["game"]
+    def __init__(self, cfg: EnvConfig, num_envs: int, seed: int, screen: bool = False):
         self.cfg, self.num_envs, self._seed = cfg, num_envs, seed
-        self._env = AtariVectorEnv(
-            game, num_envs, num_threads=min(cfg.threads_per_collector, num_envs),
-            frameskip=cfg.frame_skip, stack_num=cfg.frame_stack, img_height=84, img_width=84, grayscale=True,
-            maxpool=True, noop_max=cfg.noop_max, repeat_action_probability=cfg.sticky_action_prob,
-            max_num_frames_per_episode=cfg.max_episode_frames, reward_clipping=False, episodic_life=False,
-            use_fire_reset=True)
+        self._env = self._emulator(cfg, num_envs, (84, 84), grayscale=True, stack=cfg.frame_stack)
         self.spec = EnvSpec((cfg.frame_stack, 84, 84), torch.uint8, int(self._env.single_action_space.n))
         self._lives = np.zeros(num_envs, dtype=np.int32)
         self._ended = np.zeros(num_envs, dtype=bool)
+        # The screen: env 0 played a second time, in colour at full size. Same game, seed and actions make the same
+        # episode (the emulator is deterministic; each step checks that the score agrees).
+        self._mirror = self._emulator(cfg, 1, (210, 160), grayscale=False, stack=1) if screen else None
+        self.screen: np.ndarray | None = None   # [210, 160, 3] uint8 RGB, with `screen`
+
+    @staticmethod
+    def _emulator(cfg: EnvConfig, num_envs: int, size: tuple[int, int], grayscale: bool, stack: int):
+        return AtariVectorEnv(
+            _gym_spec(cfg.id).kwargs["game"], num_envs, num_threads=min(cfg.threads_per_collector, num_envs),
+            frameskip=cfg.frame_skip, stack_num=stack, img_height=size[0], img_width=size[1], grayscale=grayscale,
+            maxpool=True, noop_max=cfg.noop_max, repeat_action_probability=cfg.sticky_action_prob,
+            max_num_frames_per_episode=cfg.max_episode_frames, reward_clipping=False, episodic_life=False,
+            use_fire_reset=True)
 
     def reset(self) -> torch.Tensor:
         obs, info = self._env.reset(seed=self._seed)
         self._lives = info["lives"]
         self._ended[:] = False
+        if self._mirror is not None:
+            self.screen = self._mirror.reset(seed=self._seed)[0][0, -1]
         return torch.from_numpy(obs)
 
     def step(self, actions: torch.Tensor) -> StepResult:
         obs, raw_reward, game_over, truncated, info = self._env.step(actions.numpy())
+        if self._mirror is not None:
+            screens, mirror_reward, *_ = self._mirror.step(actions[:1].numpy())
+            if mirror_reward[0] != raw_reward[0]:
+                raise EnvError("the recorded screen no longer shows env 0's game (the two emulators diverged)")
+            self.screen = screens[0, -1]
         first = self._ended
         life_lost = (info["lives"] < self._lives) & ~first
         self._lives = info["lives"]
@@ -157,6 +175,8 @@ class AtariVector(VectorEnv):
 
     def close(self) -> None:
         self._env.close()
+        if self._mirror is not None:
+            self._mirror.close()
 
 
 class ClassicVector(VectorEnv):

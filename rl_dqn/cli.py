@@ -4,6 +4,9 @@
 - learner:    the learner process of a multi-node run (rank 0)
 - collectors: a collector node: collectors.count collector processes, ranks cluster.rank .. + count - 1
 - collector:  one collector process (what `collectors` and `local` start)
+- worker:     one process of the run by its rank, torchrun-style: the learner for rank 0, else that collector
+With cluster.init_method=env://, MASTER_ADDR and MASTER_PORT name the rendezvous, and WORLD_SIZE and RANK fill
+cluster.world_size and cluster.rank where the config leaves them unset (RANK: the first process this command starts).
 Bad input exits with code 2 and one line naming the problem; a role that fails exits 1.
 """
 
@@ -31,7 +34,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m rl_dqn", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, text in (("local", "learner and collectors on this node"), ("learner", "the learner process"),
-                       ("collectors", "this node's collector processes"), ("collector", "one collector process")):
+                       ("collectors", "this node's collector processes"), ("collector", "one collector process"),
+                       ("worker", "the learner (rank 0) or one collector, by cluster.rank or RANK")):
         p = sub.add_parser(name, help=text)
         p.add_argument("config", help="YAML file, e.g. configs/pong.yaml")
         p.add_argument("overrides", nargs="*", metavar="section.key=value")
@@ -43,12 +47,36 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "worker":
+        args.overrides = [*args.overrides, "collectors.count=1"]   # a process is one role
     try:
         cfg = load_config(args.config, args.overrides)
+        if args.command != "local" and not cfg.cluster.single_node:
+            cfg = _from_environment(cfg, args, dict(os.environ))
         return _COMMANDS[args.command](cfg, args)
     except ConfigError as e:
         print(f"rl_dqn: config error: {e}", file=sys.stderr)
         return 2
+
+
+def _from_environment(cfg: Config, args, environ: dict[str, str]) -> Config:
+    """env:// takes cluster.world_size and cluster.rank from WORLD_SIZE and RANK (as torchrun and SLURM scripts
+    set them) where the config leaves them at 0; a config that sets them otherwise is refused."""
+    if cfg.cluster.init_method != "env://":
+        return cfg
+    extra = []
+    for variable, key, current in (("WORLD_SIZE", "cluster.world_size", cfg.cluster.world_size),
+                                   ("RANK", "cluster.rank", cfg.cluster.rank)):
+        text = environ.get(variable)
+        if text is None:
+            continue
+        if not text.isdigit():
+            raise ConfigError(key, f"{variable} must be a non-negative integer, got {text!r}")
+        if current == 0:
+            extra.append(f"{key}={int(text)}")
+        elif current != int(text):
+            raise ConfigError(key, f"is {current} but {variable} is {text}; give one of them")
+    return load_config(args.config, [*args.overrides, f"run.name={cfg.run.name}", *extra]) if extra else cfg
 
 
 def run_dir(cfg: Config) -> Path:
@@ -76,9 +104,13 @@ def _check_interface(cfg: Config) -> None:
 def _check_env(cfg: Config):
     from envs import EnvError, describe_env
     try:
-        return describe_env(cfg.env)
+        spec = describe_env(cfg.env)
     except EnvError as e:
         raise ConfigError("env.id", str(e)) from None
+    if cfg.eval.video and not cfg.env.is_atari:
+        raise ConfigError("eval.video", f"videos are recorded from Atari games (ALE/...), not from {cfg.env.id}; "
+                                        f"set it false")
+    return spec
 
 
 def _make_run_dir(cfg: Config) -> Path:
@@ -132,7 +164,7 @@ def _local(cfg: Config, args) -> int:
 
 
 def _collectors(cfg: Config, args) -> int:
-    from rl_dqn.supervisor import RoleSpec, supervise
+    from rl_dqn.supervisor import NodeProgress, RoleSpec, supervise
     _require_cluster(cfg, collector_node=True)
     _check_interface(cfg)
     _check_env(cfg)
@@ -144,7 +176,9 @@ def _collectors(cfg: Config, args) -> int:
                       restarts=cfg.collectors.max_restarts)
              for i in range(cfg.collectors.count)]
     last = cfg.cluster.rank + cfg.collectors.count - 1
-    return supervise(specs, node=f"collectors (ranks {cfg.cluster.rank}..{last})")
+    node = f"collectors (ranks {cfg.cluster.rank}..{last})"
+    return supervise(specs, node=node,
+                     progress=NodeProgress(f"[{node}]", cfg.train.total_env_steps, cfg.metrics.interval_s))
 
 
 def _require_cluster(cfg: Config, collector_node: bool) -> None:
@@ -223,9 +257,8 @@ def _learner(cfg: Config, args) -> int:
     except TransportError as e:
         learner.close()
         return _role_error("learner", str(e))
-    how = "stopped on a signal" if stop.is_set() else "done"
-    print(f"[learner] {how}: {learner.env_steps:,} env steps, {learner.updates:,} updates; "
-          f"checkpoints, TensorBoard events and summary.json in {folder}", flush=True)
+    for line in learner.closing_lines("stopped on a signal" if stop.is_set() else "done"):
+        print(f"[learner] {line}", flush=True)
     return 0
 
 
@@ -260,4 +293,15 @@ def _collector(cfg: Config, args) -> int:
     return 0
 
 
-_COMMANDS = {"local": _local, "learner": _learner, "collectors": _collectors, "collector": _collector}
+def _worker(cfg: Config, args) -> int:
+    """One process by its rank, as torchrun starts them: rank 0 is the learner, rank k is collector k - 1. Under
+    torchrun a collector that dies is not started again on its own (torchrun restarts every process of the run,
+    or none)."""
+    if cfg.cluster.rank == 0:
+        return _learner(cfg, args)
+    args.local_index = 0
+    return _collector(cfg, args)
+
+
+_COMMANDS = {"local": _local, "learner": _learner, "collectors": _collectors, "collector": _collector,
+             "worker": _worker}

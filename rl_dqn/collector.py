@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -10,8 +11,9 @@ import torch
 from envs import EnvSpec, StepResult, VectorEnv, make_vector_env
 from rl_dqn import dqn
 from rl_dqn.config import Config
-from rl_dqn.metrics import say
+from rl_dqn.console import PROGRESS_MARK, say
 from rl_dqn.network import QNetwork
+from rl_dqn.system import SystemMeter
 from rl_dqn.types import Chunk
 
 
@@ -69,12 +71,12 @@ class ChunkBuilder:
             self._returns[ended] = 0.0
             self._lengths[ended] = 0
 
-    def take(self, collector: int, seq: int, weights_version: int) -> Chunk:
+    def take(self, collector: int, seq: int, weights_version: int, system: tuple[float, ...] = ()) -> Chunk:
         returns = torch.cat(self._ended_returns) if self._ended_returns else torch.zeros(0, dtype=torch.float64)
         lengths = torch.cat(self._ended_lengths) if self._ended_lengths else torch.zeros(0, dtype=torch.int64)
         chunk = Chunk(collector, seq, weights_version, self.frames, self.actions, self.rewards.to(self.device),
                       self.terminated.to(self.device), self.first.to(self.device), returns, lengths,
-                      self.q_taken, self.q_max)
+                      self.q_taken, self.q_max, system=system)
         self._ended_returns, self._ended_lengths = [], []
         self.t = 0
         self._allocate()
@@ -124,12 +126,13 @@ class Collector:
         builder = ChunkBuilder(cfg.collectors.chunk_steps, E, env.spec, device)
         # A process that joins a run under way (a restart, a resumed learner) starts the schedule where the run is.
         seq = 0
-        run_env_steps = self.transport.last_ack.env_steps if self.transport.last_ack is not None else 0
+        run_env_steps = self.transport.env_steps_at_join
         epsilons = self._epsilons(run_env_steps)
         obs, obs_first = env.reset().to(device), torch.ones(E, dtype=torch.bool)
         say(self.name, f"acting in {E} x {cfg.env.id} on {device}, "
                        f"epsilon {epsilons.min():.3g}..{epsilons.max():.3g}")
-        started = time.monotonic()
+        started = last_report = time.monotonic()
+        meter, system, steps_then, run_steps_then = SystemMeter(device), (), 0, run_env_steps
         while not (self.stop.is_set() or self.transport.stop_requested):
             weights = self.transport.poll_weights()
             if weights is not None:
@@ -142,11 +145,22 @@ class Collector:
             builder.add(obs, obs_first, actions, result, q_values)
             obs, obs_first = result.obs.to(device), result.first
             if builder.full:
-                ack = self.transport.send(builder.take(self.index, seq, version))
+                ack = self.transport.send(builder.take(self.index, seq, version, system))
                 seq += 1
-                if ack is not None and cfg.collectors.exploration == "linear":
+                if ack is not None:
                     run_env_steps = ack.env_steps
-                    epsilons = self._epsilons(run_env_steps)
+                    if cfg.collectors.exploration == "linear":
+                        epsilons = self._epsilons(run_env_steps)
+                if (now := time.monotonic()) - last_report >= cfg.metrics.interval_s:
+                    figures = meter.sample()
+                    system = (figures["cpu_percent"], figures["memory_mb"], figures.get("gpu_memory_mb", 0.0))
+                    # For the node's launcher, which sums its collectors into one progress line (not shown as is):
+                    # this process's env steps/s, and the run's env steps and their rate as the learner answers.
+                    steps, interval = seq * builder.steps * E, now - last_report
+                    report = {"rate": (steps - steps_then) / interval, "run_env_steps": run_env_steps,
+                              "run_rate": (run_env_steps - run_steps_then) / interval, "weights_version": version}
+                    print(f"[{self.name}] {PROGRESS_MARK} {json.dumps(report)}", flush=True)
+                    last_report, steps_then, run_steps_then = now, steps, run_env_steps
         elapsed = time.monotonic() - started
         say(self.name, f"stopped after {seq} chunks ({seq * builder.steps * E:,} env steps, "
                        f"{seq * builder.steps * E / max(elapsed, 1e-9):,.0f}/s), weights version {version} "

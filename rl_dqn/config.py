@@ -320,8 +320,14 @@ class EvalConfig:
     """epsilon of the evaluation episodes (0.001 - 0.05 is usual for Atari)"""
     torch_threads: int = 1
     """torch intra-op threads of the evaluation process"""
+    video: bool = False
+    """each evaluation also records its first episode's game screen to TensorBoard (`eval/video`, an animated GIF
+    in the Images tab; Atari only)"""
+    video_max_steps: int = 2_000
+    """agent steps recorded at most per video (2,000 steps = 2 min 13 s of play at frame skip 4)"""
 
     def __post_init__(self):
+        _require(self.video_max_steps >= 1, "eval.video_max_steps", f"must be >= 1, got {self.video_max_steps}")
         _require(self.every_env_steps >= 0, "eval.every_env_steps", f"must be >= 0, got {self.every_env_steps}")
         _require(self.episodes >= 1, "eval.episodes", f"must be >= 1, got {self.episodes}")
         _require(0.0 <= self.epsilon <= 1.0, "eval.epsilon", f"must be in [0, 1], got {self.epsilon}")
@@ -331,10 +337,14 @@ class EvalConfig:
 @dataclass(frozen=True)
 class MetricsConfig:
     interval_s: float = 10.0
-    """seconds between console lines and rate scalars in TensorBoard"""
+    """seconds between console lines, rate scalars and system figures in TensorBoard"""
+    histogram_every_updates: int = 10_000
+    """updates between histograms of a batch's Q-values and TD errors in TensorBoard; 0 = none"""
 
     def __post_init__(self):
         _require(self.interval_s > 0, "metrics.interval_s", f"must be > 0, got {self.interval_s}")
+        _require(self.histogram_every_updates >= 0, "metrics.histogram_every_updates",
+                 f"must be >= 0, got {self.histogram_every_updates}")
 
 
 @dataclass(frozen=True)
@@ -561,3 +571,53 @@ def to_dict(cfg: Config) -> dict[str, dict[str, Any]]:
 
 def save_config(cfg: Config, path: Path) -> None:
     path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+# ---------------------------------------------------------------------------------------------- docs
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of a config dataclass (Python keeps them only in the source)."""
+    import ast
+    import inspect
+    import textwrap
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    docs = {}
+    for field_node, doc_node in zip(body, body[1:]):
+        if (isinstance(field_node, ast.AnnAssign) and isinstance(doc_node, ast.Expr)
+                and isinstance(doc_node.value, ast.Constant) and isinstance(doc_node.value.value, str)):
+            docs[field_node.target.id] = " ".join(doc_node.value.value.split())
+    return docs
+
+
+def reference_markdown() -> str:
+    """Every config key with its default and meaning, one table per section (the README's key reference is this
+    text; `python -m rl_dqn.config` prints it)."""
+    defaults = to_dict(Config(cluster=ClusterConfig(world_size=2)))
+    defaults["cluster"]["world_size"] = 0
+    parts = []
+    for section, cls in SECTIONS.items():
+        docs = field_docs(cls)
+        rows = []
+        for key in typing.get_type_hints(cls):
+            value = defaults[section][key]
+            rows.append(f"| `{section}.{key}` | `{_shown(value)}` | {docs[key].replace('|', '&#124;')} |")
+        parts.append(f"**{section}**\n\n| key | default | meaning |\n|-|-|-|\n" + "\n".join(rows))
+    return "\n\n".join(parts) + "\n"
+
+
+def _shown(value: Any) -> str:
+    """A default as one would type it in YAML."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return "[" + ", ".join(map(_shown, value)) + "]"
+    if isinstance(value, int):
+        return f"{value:_}"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return '""' if value == "" else str(value)
+
+
+if __name__ == "__main__":
+    print(reference_markdown(), end="")

@@ -1,8 +1,9 @@
-"""Greedy evaluation: of a checkpoint, `python -m rl_dqn.evaluate runs/<name> [--episodes 20] [--epsilon 0]`, and
-periodically during training, in a process of its own (`Evaluator`) that feeds no replay and does not slow the
+"""Greedy play of a checkpoint, `./launch/play.sh runs/<name> [--episodes 20] [--video episode.mp4]`, and
+periodic evaluation during training, in a process of its own (`Evaluator`) that feeds no replay and does not slow the
 learner's loop.
 
-Both play whole episodes (game over or time limit, not lost lives) and report the raw score.
+Both play whole episodes (game over or time limit, not lost lives), report the raw score and can record env 0's
+first episode as a video of the game screen.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
-from envs import make_vector_env
+from envs import EnvError, make_vector_env
 from rl_dqn import dqn
 from rl_dqn.config import Config, ConfigError, from_dict, to_dict
 from rl_dqn.network import QNetwork
+from rl_dqn.video import FORMATS, fps_of, gif_bytes, write_video
 
 
 def latest_checkpoint(run_dir: Path) -> Path:
@@ -31,15 +34,22 @@ def latest_checkpoint(run_dir: Path) -> Path:
     return checkpoints[-1]
 
 
-def play(env, network: QNetwork, epsilon: float, generator: torch.Generator) -> list[float]:
+class Played(NamedTuple):
+    scores: list[float]          # raw game score of one episode per env
+    frames: list[np.ndarray]     # env 0's episode as RGB screens, when recorded
+
+
+def play(env, network: QNetwork, epsilon: float, generator: torch.Generator, record_steps: int = 0) -> Played:
     """Raw scores of one episode per env of `env` (a vector env), all stepped together, each env scoring the first
-    episode it finishes after a reset."""
+    episode it finishes after a reset. With `record_steps`, the screens of env 0's episode (the env must keep its
+    screen) are recorded up to that many steps."""
     n = env.num_envs
     epsilons = torch.full((n,), epsilon)
     returns = torch.zeros(n, dtype=torch.float64)
     scores = torch.zeros(n, dtype=torch.float64)
     done = torch.zeros(n, dtype=torch.bool)
     obs = env.reset()
+    frames = [env.screen.copy()] if record_steps else []
     while not done.all():
         with torch.inference_mode():
             actions = dqn.select_actions(network(obs), epsilons, generator)
@@ -47,21 +57,32 @@ def play(env, network: QNetwork, epsilon: float, generator: torch.Generator) -> 
         returns += result.raw_reward
         ended = result.episode_end & ~done
         scores[ended] = returns[ended]
+        if record_steps and not done[0] and len(frames) <= record_steps:
+            frames.append(env.screen.copy())
         done |= ended
         obs = result.obs
-    return scores.tolist()
+    return Played(scores.tolist(), frames)
 
 
-def evaluate(checkpoint: Path, episodes: int = 20, epsilon: float = 0.0, seed: int = 12345) -> list[float]:
-    """Raw scores of `episodes` episodes played by the checkpoint's network, epsilon-greedy."""
+def load_player(checkpoint: Path) -> tuple[Config, QNetwork]:
+    """The run's config and its online network from a checkpoint."""
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)
     cfg = from_dict(state["config"])
-    env = make_vector_env(cfg.env, episodes, seed=seed)
-    network = QNetwork.for_env(env.spec.obs_shape, env.spec.num_actions, cfg.network)
+    spec = state["spec"]
+    network = QNetwork.for_env(tuple(spec["obs_shape"]), spec["num_actions"], cfg.network)
     network.load_state_dict(state["network"])
-    network.eval()
+    return cfg, network.eval()
+
+
+def evaluate(checkpoint: Path, episodes: int = 20, epsilon: float | None = None, seed: int = 12345,
+             record_steps: int = 0) -> Played:
+    """Raw scores of `episodes` episodes played by the checkpoint's network, epsilon-greedy (`None`: the run's
+    eval.epsilon), and env 0's episode as screens when `record_steps`."""
+    cfg, network = load_player(checkpoint)
+    env = make_vector_env(cfg.env, episodes, seed=seed, screen=record_steps > 0)
     try:
-        return play(env, network, epsilon, torch.Generator().manual_seed(seed))
+        return play(env, network, cfg.eval.epsilon if epsilon is None else epsilon,
+                    torch.Generator().manual_seed(seed), record_steps)
     finally:
         env.close()
 
@@ -71,6 +92,7 @@ class EvalResult(NamedTuple):
     elapsed_s: float        # seconds since the learner started, then
     weights_version: int
     scores: list[float]
+    video: bytes | None     # env 0's episode as an animated GIF, with eval.video
 
 
 class Evaluator:
@@ -119,13 +141,16 @@ def _evaluator_main(cfg_dict: dict, requests, results) -> None:
     torch.set_num_threads(cfg.eval.torch_threads)
     env = None
     try:
-        env = make_vector_env(cfg.env, cfg.eval.episodes, seed=cfg.run.seed * 100_000 + 99_999)
+        record = cfg.eval.video_max_steps if cfg.eval.video else 0
+        env = make_vector_env(cfg.env, cfg.eval.episodes, seed=cfg.run.seed * 100_000 + 99_999, screen=record > 0)
         network = QNetwork.for_env(env.spec.obs_shape, env.spec.num_actions, cfg.network).eval()
         generator = torch.Generator().manual_seed(cfg.run.seed + 99_999)
         while (request := requests.get()) is not None:
             state, env_steps, elapsed_s, version = request
             network.load_state_dict(state)
-            results.put((env_steps, elapsed_s, version, play(env, network, cfg.eval.epsilon, generator)))
+            played = play(env, network, cfg.eval.epsilon, generator, record)
+            video = gif_bytes(played.frames, fps_of(cfg.env.frame_skip)) if record else None
+            results.put((env_steps, elapsed_s, version, played.scores, video))
     except Exception as e:  # noqa: BLE001 - reported to the learner as one line
         results.put(f"evaluator failed: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}")
     finally:
@@ -135,27 +160,56 @@ def _evaluator_main(cfg_dict: dict, requests, results) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rl_dqn.evaluate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("run", type=Path, help="a run folder (its newest checkpoint) or a checkpoint file")
-    parser.add_argument("--episodes", type=int, default=20)
-    parser.add_argument("--epsilon", type=float, default=0.0)
+    parser = argparse.ArgumentParser(prog="./launch/play.sh", description="Plays a trained agent: greedy episodes "
+                                     "of a run's newest checkpoint (or a given one), their mean raw score, and a "
+                                     "video of one episode.")
+    parser.add_argument("run", type=Path, help="a run folder (its newest checkpoint), e.g. runs/<name>, or a "
+                                               "checkpoint file")
+    parser.add_argument("--episodes", type=int, default=20, help="episodes, played side by side (default 20)")
+    parser.add_argument("--epsilon", type=float, default=None,
+                        help="chance of a random action (default: the run's eval.epsilon)")
+    parser.add_argument("--seed", type=int, default=12345, help="seed of the envs and the random actions")
+    parser.add_argument("--video", type=Path, default=None,
+                        help=f"record the first episode of env 0 to this file ({' or '.join(FORMATS)})")
+    parser.add_argument("--video-max-steps", type=int, default=27_000,
+                        help="stop recording after this many agent steps (default 27,000: a whole Atari episode)")
     args = parser.parse_args(argv)
     if args.episodes < 1:
         parser.error(f"--episodes must be >= 1, got {args.episodes}")
+    if args.epsilon is not None and not 0.0 <= args.epsilon <= 1.0:
+        parser.error(f"--epsilon must be in [0, 1], got {args.epsilon}")
+    if args.video is not None and args.video.suffix.lower() not in FORMATS:
+        parser.error(f"--video must name a {' or '.join(FORMATS)} file, got {str(args.video)!r}")
+    if args.video_max_steps < 1:
+        parser.error(f"--video-max-steps must be >= 1, got {args.video_max_steps}")
+    checkpoint = args.run
+    if not args.run.exists():
+        print(f"play: error: {args.run} is neither a run folder nor a checkpoint file", file=sys.stderr)
+        return 2
     try:
         checkpoint = args.run if args.run.is_file() else latest_checkpoint(args.run)
-        scores = evaluate(checkpoint, args.episodes, args.epsilon)
-    except (FileNotFoundError, ConfigError) as e:
-        print(f"rl_dqn.evaluate: error: {e}", file=sys.stderr)
+        played = evaluate(checkpoint, args.episodes, args.epsilon, args.seed,
+                          args.video_max_steps if args.video is not None else 0)
+        if args.video is not None:
+            cfg, _ = load_player(checkpoint)
+            write_video(played.frames, args.video, fps_of(cfg.env.frame_skip))
+    except (FileNotFoundError, ConfigError, EnvError) as e:
+        print(f"play: error: {e}", file=sys.stderr)
         return 2
-    except (RuntimeError, KeyError, pickle.UnpicklingError, EOFError) as e:
-        print(f"rl_dqn.evaluate: error: {checkpoint} is not an rl_dqn checkpoint ({type(e).__name__}: "
+    except (RuntimeError, KeyError, TypeError, pickle.UnpicklingError, EOFError) as e:
+        print(f"play: error: {checkpoint} is not an rl_dqn checkpoint ({type(e).__name__}: "
               f"{str(e).strip().splitlines()[0] if str(e).strip() else ''})", file=sys.stderr)
         return 2
+    except OSError as e:
+        print(f"play: error: cannot write {args.video}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    scores = played.scores
     mean = sum(scores) / len(scores)
     std = (sum((s - mean) ** 2 for s in scores) / len(scores)) ** 0.5
     print(f"{checkpoint}: {len(scores)} episodes, score {mean:.2f} +- {std:.2f} "
           f"(min {min(scores):g}, max {max(scores):g})")
+    if args.video is not None:
+        print(f"video of env 0's episode ({len(played.frames)} frames, score {scores[0]:g}): {args.video}")
     return 0
 
 

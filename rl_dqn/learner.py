@@ -6,6 +6,7 @@ import collections
 import copy
 import dataclasses
 import json
+import math
 import os
 import queue
 import threading
@@ -18,9 +19,11 @@ from envs import EnvSpec
 from rl_dqn import dqn
 from rl_dqn.config import Config, to_dict
 from rl_dqn.evaluate import EvalResult, Evaluator
-from rl_dqn.metrics import Board, RateMeter, say
+from rl_dqn.console import duration, progress, say
+from rl_dqn.metrics import Board, RateMeter
 from rl_dqn.network import QNetwork
 from rl_dqn.replay import ReplayMemory
+from rl_dqn.system import SystemMeter
 from rl_dqn.transport import LEARNER_RANK, TransportError, collector_rank, place, worker_name
 from rl_dqn.types import Ack, Chunk, Weights
 
@@ -33,6 +36,7 @@ class _CollectorStats:
         self.chunk_device: str | None = None   # where its chunks arrived
         self.processes = 0                      # processes that have joined in its slot
         self.senders = 0                        # processes whose chunks entered replay
+        self.system: tuple[float, ...] = ()     # its newest (CPU %, memory MB, GPU memory MB)
 
 
 class Learner:
@@ -90,6 +94,8 @@ class Learner:
         self.evaluator: Evaluator | None = None
         self._next_eval = cfg.eval.every_env_steps
         self._best_eval: float | None = None
+        self._last_eval: tuple[float, float, int] | None = None   # mean, std, env steps
+        self._system = SystemMeter(self.device)
 
     # ------------------------------------------------------------------------------------------- data in
 
@@ -143,6 +149,9 @@ class Learner:
             return "episode_returns and episode_lengths are not two lists of the same length"
         if not (isinstance(chunk.seq, int) and chunk.seq >= 0 and isinstance(chunk.weights_version, int)):
             return "seq or weights_version is not a count"
+        if not (isinstance(chunk.system, tuple) and len(chunk.system) in (0, 3) and
+                all(isinstance(v, float) and math.isfinite(v) for v in chunk.system)):
+            return "system figures are not three finite numbers"
         if chunk.sender == self._lane_sender[chunk.collector] and (chunk.seq < self._next_seq[chunk.collector] or
                                                                    chunk.seq in self._held[chunk.collector]):
             return "a chunk sent twice"
@@ -180,6 +189,7 @@ class Learner:
         if stats.first_weights_version is None:
             stats.first_weights_version = chunk.weights_version
         stats.last_weights_version = chunk.weights_version
+        stats.system = chunk.system or stats.system
         self._staleness_sum += self.weights_version - chunk.weights_version
         self._staleness_count += 1
         for score, length in zip(chunk.episode_returns.tolist(), chunk.episode_lengths.tolist()):
@@ -234,6 +244,9 @@ class Learner:
         self._loss_sum += loss.detach()
         self._q_sum += q.detach().mean()
         self._stat_updates += 1
+        if self.cfg.metrics.histogram_every_updates and self.updates % self.cfg.metrics.histogram_every_updates == 0:
+            self.board.histogram("learner/q_values", q, self.env_steps)
+            self.board.histogram("learner/td_errors", q - targets, self.env_steps)
         if self.updates % t.target_update_updates == 0:
             self.target.load_state_dict(self.network.state_dict())
 
@@ -340,11 +353,15 @@ class Learner:
         scores = torch.tensor(result.scores, dtype=torch.float64)
         mean, std = scores.mean().item(), scores.std(unbiased=False).item()
         self._best_eval = mean if self._best_eval is None else max(self._best_eval, mean)
+        self._last_eval = (mean, std, result.env_steps)
         self.board.scalar("eval/episode_return", mean, result.env_steps)
         self.board.scalar("eval/episode_return_std", std, result.env_steps)
+        self.board.scalar("eval/best_episode_return", self._best_eval, result.env_steps)
         # Score against wall time as its own chart: x is seconds since the learner started.
         self.board.scalar("eval/episode_return_vs_seconds", mean, int(result.elapsed_s))
-        say("learner", f"eval at {result.env_steps:,} env steps ({result.elapsed_s:,.0f} s, weights "
+        if result.video is not None:
+            self.board.gif("eval/video", result.video, 210, 160, result.env_steps)
+        say("learner", f"eval at {result.env_steps:,} env steps ({duration(result.elapsed_s)}, weights "
                        f"v{result.weights_version}): {mean:.2f} +- {std:.2f} over {len(result.scores)} episodes")
 
     def _close_evaluator(self) -> None:
@@ -396,10 +413,59 @@ class Learner:
         if self._staleness_count:
             board.scalar("weights/staleness", self._staleness_sum / self._staleness_count, steps)
             self._staleness_sum = self._staleness_count = 0
-        recent = f"{sum(self._returns) / len(self._returns):.1f} (last {len(self._returns)})" if self._returns else "-"
-        say("learner", f"env steps {steps:,}/{self.cfg.train.total_env_steps:,} | {env_rate:,.0f} steps/s | "
-                       f"{update_rate:,.1f} updates/s | replay {len(self.replay):,} | return {recent} | "
-                       f"weights v{self.weights_version}")
+        self._log_system(steps)
+        say("learner", self.progress_line(env_rate, update_rate))
+
+    def _log_system(self, steps: int) -> None:
+        """CPU, memory and GPU figures of the learner and its node, and each collector's newest from its chunks."""
+        for key, value in self._system.sample().items():
+            role = "learner_node" if key == "node_cpu_percent" else "learner"
+            self.board.scalar(f"system/{role}/{key.removeprefix('node_')}", value, steps)
+        for i, stats in enumerate(self._collectors):
+            if stats.system:
+                cpu, memory, gpu_memory = stats.system
+                self.board.scalar(f"system/collector{i}/cpu_percent", cpu, steps)
+                self.board.scalar(f"system/collector{i}/memory_mb", memory, steps)
+                if stats.chunk_device is not None and stats.chunk_device.startswith("cuda"):
+                    self.board.scalar(f"system/collector{i}/gpu_memory_mb", gpu_memory, steps)
+
+    def progress_line(self, env_rate: float, update_rate: float) -> str:
+        """`env steps 1,234/10,000 [##---] 12% ETA 3m05s | 2,345 steps/s | ...`: the ETA at the mean rate since
+        data first arrived."""
+        total, steps = self.cfg.train.total_env_steps, self.env_steps
+        mean_rate = 0.0
+        if self._first_data_time is not None and (elapsed := time.monotonic() - self._first_data_time) > 0:
+            mean_rate = (steps - self._first_data_steps) / elapsed
+        parts = [f"env steps {progress(steps, total, mean_rate)}", f"{env_rate:,.0f} steps/s",
+                 f"{update_rate:,.1f} updates/s", f"replay {len(self.replay):,}"]
+        if self._returns:
+            parts.append(f"return {sum(self._returns) / len(self._returns):.1f} (last {len(self._returns)})")
+        if self._last_eval is not None:
+            parts.append(f"eval {self._last_eval[0]:.1f} (best {self._best_eval:.1f})")
+        if self.transport is not None:
+            parts.append(f"collectors {len(self.transport.alive)}/{self.cfg.num_collectors}")
+        parts.append(f"weights v{self.weights_version}")
+        return " | ".join(parts)
+
+    def closing_lines(self, how: str) -> list[str]:
+        """The final summary: what the run did, how it scored, where everything is."""
+        wall = time.monotonic() - self._started
+        rate = self.env_steps / max(wall, 1e-9)
+        lines = [f"{how} after {duration(wall)}: {self.env_steps:,} env steps ({rate:,.0f}/s), "
+                 f"{self.updates:,} updates, weights v{self.weights_version}"]
+        if self._last_eval is not None:
+            mean, std, at = self._last_eval
+            lines.append(f"eval: last {mean:.2f} +- {std:.2f} (at {at:,} env steps), best {self._best_eval:.2f}")
+        elif self._returns:
+            lines.append(f"no evaluation ran; training episodes scored {sum(self._returns) / len(self._returns):.2f}"
+                         f" (last {len(self._returns)})")
+        checkpoints = sorted((self.run_dir / "checkpoints").glob("checkpoint_*.pt"))
+        lines.append(f"run folder {self.run_dir}: config.yaml, summary.json, TensorBoard events "
+                     f"(tensorboard --logdir {self.run_dir.parent})")
+        if checkpoints:
+            lines.append(f"newest checkpoint {checkpoints[-1]} (watch it: ./launch/play.sh {self.run_dir} "
+                         f"--video episode.mp4; continue the run: run.resume=true run.name={self.run_dir.name})")
+        return lines
 
     def checkpoint_state(self) -> dict:
         return {

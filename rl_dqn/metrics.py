@@ -1,15 +1,38 @@
-"""TensorBoard writer, rate meters and the console line."""
+"""TensorBoard writer and rate meters."""
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
+import torch
+from tensorboard.compat.proto.summary_pb2 import Summary
 from torch.utils.tensorboard import SummaryWriter
+from torch.utils.tensorboard.summary import hparams
 
 from rl_dqn.config import Config, to_dict
 
+# The metrics of the HParams tab: each run's newest value of these scalars sits next to its hyperparameters.
+HPARAM_METRICS = ("eval/episode_return", "eval/best_episode_return", "collector/episode_return")
+
+# The Custom Scalars tab: charts side by side (tags are regular expressions).
+LAYOUT = {
+    "score": {
+        "score vs env steps": ["Multiline", [r"eval/episode_return$", r"collector/episode_return$"]],
+        "score vs wall time (s)": ["Multiline", [r"eval/episode_return_vs_seconds$"]],
+    },
+    "speed": {
+        "env steps/s": ["Multiline", [r"collector/env_steps_per_s$"]],
+        "updates/s": ["Multiline", [r"learner/updates_per_s$"]],
+        "collectors alive": ["Multiline", [r"cluster/collectors_alive$"]],
+    },
+    "system": {
+        "CPU % (100 = a core)": ["Multiline", [r"system/.*/cpu_percent$"]],
+        "memory MB": ["Multiline", [r"system/.*/memory_mb$"]],
+        "GPU utilisation %": ["Multiline", [r"system/.*/gpu_util_percent$"]],
+        "GPU memory MB": ["Multiline", [r"system/.*/gpu_memory_mb$"]],
+    },
+}
 
 class RateMeter:
     """Counts something and reports its rate per second since the previous report."""
@@ -28,15 +51,26 @@ class RateMeter:
         return rate
 
 
+def hparam_values(cfg: Config) -> dict[str, float | int | str | bool]:
+    """Every config key as `section.key`, in the types the HParams tab takes."""
+    return {f"{section}.{key}": value if isinstance(value, (bool, int, float, str)) else str(value)
+            for section, values in to_dict(cfg).items() for key, value in values.items()}
+
+
 class Board:
-    """TensorBoard event files in the run folder. Every tag is against env steps of the run (as CleanRL's are),
-    except `eval/episode_return_vs_seconds`, against seconds; `learner/updates` maps one to the other."""
+    """TensorBoard event files in the run folder. Every scalar is against env steps of the run (as CleanRL's
+    are), except `eval/episode_return_vs_seconds`, against seconds; `learner/updates` maps one to the other.
+    A new run also writes its hyperparameters (Text and HParams tabs) and the Custom Scalars layout."""
 
     def __init__(self, run_dir: Path, cfg: Config):
         self.writer = SummaryWriter(log_dir=str(run_dir), flush_secs=10)
-        rows = "\n".join(f"|{section}.{key}|{value}|" for section, values in to_dict(cfg).items()
-                         for key, value in values.items())
+        if cfg.run.resume:
+            return   # the run's first event file has them
+        rows = "\n".join(f"|{key}|{value}|" for key, value in hparam_values(cfg).items())
         self.writer.add_text("hyperparameters", f"|key|value|\n|-|-|\n{rows}")
+        for summary in hparams(hparam_values(cfg), dict.fromkeys(HPARAM_METRICS, 0.0)):
+            self.writer._get_file_writer().add_summary(summary)
+        self.writer.add_custom_scalars(LAYOUT)
 
     def resume_at(self, env_steps: int) -> None:
         """A resumed run: TensorBoard hides what an earlier process wrote from this step on (it was written after
@@ -47,11 +81,14 @@ class Board:
     def scalar(self, tag: str, value: float, step: int) -> None:
         self.writer.add_scalar(tag, value, step)
 
+    def histogram(self, tag: str, values: torch.Tensor, step: int) -> None:
+        self.writer.add_histogram(tag, values.detach().float().cpu(), step)
+
+    def gif(self, tag: str, gif: bytes, height: int, width: int, step: int) -> None:
+        """An animated GIF in the Images tab (what SummaryWriter.add_video writes, without its moviepy)."""
+        image = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=gif)
+        self.writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
+
     def close(self) -> None:
         self.writer.flush()
         self.writer.close()
-
-
-def say(role: str, message: str) -> None:
-    """One console line, prefixed with the role."""
-    print(f"[{role}] {message}", file=sys.stdout, flush=True)

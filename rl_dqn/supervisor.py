@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import json
 import os
 import signal
 import subprocess
@@ -17,6 +18,8 @@ import sys
 import threading
 import time
 from typing import NamedTuple
+
+from rl_dqn.console import PROGRESS_MARK, progress
 
 
 class RoleSpec(NamedTuple):
@@ -36,6 +39,7 @@ class _Role:
         self.spec, self.env = spec, env
         self.restarts_left = spec.restarts
         self.tail: collections.deque[str] = collections.deque(maxlen=20)
+        self.progress: tuple[float, dict] | None = None   # (when, report) of its newest progress line
         self._start()
 
     def _start(self) -> None:
@@ -48,6 +52,9 @@ class _Role:
     def _forward(self) -> None:
         for line in self.process.stdout:
             line = line.rstrip("\n")
+            if PROGRESS_MARK in line and (report := _progress_report(line)) is not None:
+                self.progress = (time.monotonic(), report)
+                continue
             if line.strip():
                 self.tail.append(line.strip())
             sys.stdout.write((line if line.startswith("[") else f"[{self.spec.label}] {line}") + "\n")
@@ -77,6 +84,38 @@ class _Role:
         self._start()
 
 
+def _progress_report(line: str) -> dict | None:
+    try:
+        report = json.loads(line.split(PROGRESS_MARK, 1)[1])
+    except ValueError:
+        return None
+    return report if isinstance(report, dict) else None
+
+
+class NodeProgress:
+    """One line per interval for a node that runs collectors only: the run's progress as the learner last told
+    them, and this node's share (its collectors' progress lines are not shown one by one)."""
+
+    def __init__(self, node: str, total_env_steps: int, interval_s: float):
+        self.node, self.total, self.interval_s = node, total_env_steps, interval_s
+        self._last = time.monotonic()
+
+    def line(self, roles: list[_Role]) -> str | None:
+        now = time.monotonic()
+        if now - self._last < self.interval_s:
+            return None
+        self._last = now
+        fresh = [r.progress[1] for r in roles if r.progress is not None and now - r.progress[0] < 2 * self.interval_s
+                 and r.process.poll() is None]
+        if not fresh:
+            return f"{self.node}: no collector has reported in the last {2 * self.interval_s:g} s"
+        newest = max(fresh, key=lambda r: r["run_env_steps"])
+        rate = sum(r["rate"] for r in fresh)
+        run = progress(min(newest["run_env_steps"], self.total), self.total, newest["run_rate"])
+        return (f"{self.node}: run env steps {run} | this node {rate:,.0f} steps/s | collectors acting "
+                f"{len(fresh)}/{len(roles)} | weights v{min(r['weights_version'] for r in fresh)}")
+
+
 def die_with_parent() -> None:
     """Children get SIGTERM if this process dies without cleaning up (Linux prctl PR_SET_PDEATHSIG)."""
     try:
@@ -85,7 +124,7 @@ def die_with_parent() -> None:
         pass
 
 
-def supervise(specs: list[RoleSpec], node: str, grace_s: float = 20.0) -> int:
+def supervise(specs: list[RoleSpec], node: str, grace_s: float = 20.0, progress: NodeProgress | None = None) -> int:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     # TensorPipe warns in C++ about every pipe a departing peer closes; the roles say in one line who left and
     # why. TORCH_CPP_LOG_LEVEL=INFO brings its messages back.
@@ -102,6 +141,8 @@ def supervise(specs: list[RoleSpec], node: str, grace_s: float = 20.0) -> int:
     try:
         while [r.process.poll() for r in roles].count(None):   # poll every role: each poll updates its returncode
             time.sleep(0.1)
+            if progress is not None and (line := progress.line(roles)) is not None:
+                print(line, flush=True)
             if stop_deadline is None:
                 for role in roles:
                     code = role.process.returncode

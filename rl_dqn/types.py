@@ -43,6 +43,9 @@ class Chunk(NamedTuple):
     sender: int = -1
     """RPC id of the process that sent it (its transport sets it): tells the process now filling the slot from one
     it replaced"""
+    system: tuple[float, ...] = ()
+    """the sending process's (CPU percent, resident memory MB, GPU memory MB) over its latest metrics interval,
+    for TensorBoard; GPU memory is 0 for a collector that acts on the CPU; empty before its first sample"""
 
     @property
     def env_steps(self) -> int:

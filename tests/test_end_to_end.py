@@ -32,9 +32,9 @@ def runs(tmp_path, monkeypatch):
     return tmp_path
 
 
-def launch(script: str, *args: str) -> subprocess.Popen:
+def launch(script: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     return subprocess.Popen([str(ROOT / "launch" / script), *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, env=env)
 
 
 def finish(process: subprocess.Popen, timeout: float) -> tuple[int, str]:
@@ -68,10 +68,19 @@ def scalars(run_dir: Path) -> dict[str, list[float]]:
     return {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
-def test_smoke_run_end_to_end(runs):
-    code, output = finish(launch("local.sh", "configs/smoke.yaml", "run.name=smoke"), timeout=120)
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory) -> tuple[Path, str]:
+    """The smoke run (Pong, 4,000 env steps, learner + 2 collectors, evaluation with video): its folder and its
+    console output."""
+    runs = tmp_path_factory.mktemp("runs")
+    env = dict(os.environ, RL_DQN_RUNS_DIR=str(runs), RL_DQN_PYTHON=sys.executable)
+    code, output = finish(launch("local.sh", "configs/smoke.yaml", "run.name=smoke", env=env), timeout=120)
     assert code == 0, output[-3000:]
-    run_dir = runs / "smoke"
+    return runs / "smoke", output
+
+
+def test_smoke_run_end_to_end(smoke):
+    run_dir, _ = smoke
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["env_steps"] >= 4000 and summary["updates"] > 0
     # The replay ratio holds for the whole run: 2 samples per env step after 1,000, in batches of 32.
@@ -97,6 +106,98 @@ def test_smoke_run_end_to_end(runs):
     assert not processes_of("smoke")
 
 
+def summaries_of(run_dir: Path, plugin: str) -> list:
+    """Every summary value of `plugin` (hparams, custom_scalars, ...) in the run's event files."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    found = []
+    for path in sorted(run_dir.glob("events.out.tfevents.*")):
+        for event in EventFileLoader(str(path)).Load():
+            found += [v for v in event.summary.value if v.metadata.plugin_data.plugin_name == plugin]
+    return found
+
+
+def test_dashboard_has_hparams_layout_histograms_system_figures_and_a_video(smoke):
+    import cv2
+    import numpy as np
+    from tensorboard.plugins.custom_scalar.layout_pb2 import Layout
+    from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+    run_dir, _ = smoke
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "images": 0, "histograms": 0})
+    events.Reload()
+    tags = events.Tags()
+    # HParams: every config key, with the final evaluation score among the metrics.
+    plugin_data = [HParamsPluginData.FromString(v.metadata.plugin_data.content)
+                   for v in summaries_of(run_dir, "hparams")]
+    session = next(d.session_start_info for d in plugin_data if d.HasField("session_start_info"))
+    assert session.hparams["train.lr"].number_value == pytest.approx(1e-4)
+    assert session.hparams["env.id"].string_value == "ALE/Pong-v5"
+    experiment = next(d.experiment for d in plugin_data if d.HasField("experiment"))
+    assert {m.name.tag for m in experiment.metric_infos} >= {"eval/episode_return", "eval/best_episode_return"}
+    assert "eval/best_episode_return" in tags["scalars"]
+    # Custom scalars: score against env steps and against wall time side by side.
+    layout = Layout.FromString(summaries_of(run_dir, "custom_scalars")[0].tensor.string_val[0])
+    score = next(c for c in layout.category if c.title == "score")
+    assert [chart.title for chart in score.chart] == ["score vs env steps", "score vs wall time (s)"]
+    # Histograms every metrics.histogram_every_updates (20) updates.
+    for tag in ("learner/q_values", "learner/td_errors"):
+        assert len(events.Histograms(tag)) >= 3, tag
+    # System figures per role.
+    for role in ("learner", "collector0", "collector1"):
+        for figure in ("cpu_percent", "memory_mb"):
+            values = [e.value for e in events.Scalars(f"system/{role}/{figure}")]
+            assert values and all(v >= 0 for v in values) and max(values) > 0, (role, figure)
+    assert max(e.value for e in events.Scalars("system/learner/memory_mb")) > 100
+    assert events.Scalars("system/learner_node/cpu_percent")
+    # The evaluation's video: an animated GIF of the game screen, up to eval.video_max_steps (100) steps.
+    gif = events.Images("eval/video")[0]
+    ok, animation = cv2.imdecodeanimation(np.frombuffer(gif.encoded_image_string, np.uint8))
+    assert ok and 20 <= len(animation.frames) <= 101 and animation.frames[0].shape == (210, 160, 3)
+    assert (gif.height, gif.width) == (210, 160)
+
+
+def test_console_shows_progress_with_an_eta_and_a_final_summary(smoke):
+    run_dir, output = smoke
+    progress = re.findall(r"\[learner\] env steps ([\d,]+)/4,000 \[([#-]{20})\] +(\d+)% ETA (\S+) \| .*steps/s", output)
+    assert len(progress) >= 3, output[-3000:]
+    assert any(eta[0].isdigit() for *_, eta in progress)
+    assert "@progress" not in output   # the collectors' machine lines stay with the launcher
+    assert re.search(r"\[learner\] done after \S+: [\d,]+ env steps", output)
+    assert re.search(r"\[learner\] eval: last -?\d+\.\d\d \+- \d+\.\d\d \(at [\d,]+ env steps\), best", output)
+    assert f"[learner] newest checkpoint {run_dir}/checkpoints/checkpoint_" in output
+
+
+def test_play_prints_the_score_and_records_a_video_that_decodes(smoke, tmp_path):
+    import cv2
+    run_dir, _ = smoke
+    env = dict(os.environ, RL_DQN_PYTHON=sys.executable)
+    for name in ("episode.mp4", "episode.gif"):
+        code, output = finish(launch("play.sh", str(run_dir), "--episodes", "2", "--video", str(tmp_path / name),
+                                     "--video-max-steps", "60", env=env), timeout=120)
+        assert code == 0, output
+        assert re.search(r"checkpoint_\d+\.pt: 2 episodes, score -?\d+\.\d\d \+- \d+\.\d\d", output), output
+        if name.endswith(".mp4"):
+            video, frames = cv2.VideoCapture(str(tmp_path / name)), []
+            while (read := video.read())[0]:
+                frames.append(read[1])
+            assert video.get(cv2.CAP_PROP_FPS) == pytest.approx(15.0)
+        else:
+            ok, animation = cv2.imreadanimation(str(tmp_path / name))
+            assert ok
+            frames = animation.frames
+        assert len(frames) == 61 and frames[0].shape == (210, 160, 3), (name, len(frames))
+        assert len({f.tobytes() for f in frames}) > 10   # the game moves
+    # A given checkpoint, and bad input: one line, exit 2.
+    checkpoint = sorted((run_dir / "checkpoints").glob("checkpoint_*.pt"))[0]
+    code, output = finish(launch("play.sh", str(checkpoint), "--episodes", "1", env=env), timeout=120)
+    assert code == 0 and f"{checkpoint}: 1 episodes" in output, output
+    for args in (["--video", str(tmp_path / "x.avi")], ["--episodes", "0"]):
+        code, output = finish(launch("play.sh", str(run_dir), *args, env=env), timeout=60)
+        assert code == 2 and "Traceback" not in output, output
+    code, output = finish(launch("play.sh", str(tmp_path / "nothing"), env=env), timeout=60)
+    assert code == 2 and output.strip() == f"play: error: {tmp_path / 'nothing'} is neither a run folder nor a " \
+                                           f"checkpoint file", output
+
+
 def test_two_node_commands(runs, monkeypatch):
     """The multi-node launchers on one machine: a learner node (tcp://) and a collector node of 2 collectors
     (env://, torchrun-style MASTER_ADDR and MASTER_PORT)."""
@@ -116,6 +217,56 @@ def test_two_node_commands(runs, monkeypatch):
     assert code == 0, output[-3000:]
     summary = json.loads((runs / "nodes" / "summary.json").read_text())
     assert all(c["env_steps"] > 0 for c in summary["collectors"].values())
+
+
+def test_torchrun_starts_the_run_by_rank(runs):
+    """`torchrun -m rl_dqn worker`: rank 0 is the learner, ranks 1 and 2 collectors, all through env:// with the
+    variables torchrun sets and the rendezvous store torchrun's agent runs."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=3",
+               "-m", "rl_dqn", "worker", "configs/smoke.yaml", "cluster.init_method=env://", "cluster.interface=lo",
+               "run.name=torchrun"]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"))
+    code, output = finish(process, timeout=180)
+    assert code == 0, output[-3000:]
+    summary = json.loads((runs / "torchrun" / "summary.json").read_text())
+    assert summary["env_steps"] >= 4000
+    assert all(c["env_steps"] > 0 for c in summary["collectors"].values()), summary["collectors"]
+
+
+def test_slurm_script_runs_a_two_node_job(runs, tmp_path):
+    """launch/slurm.sbatch on a stand-in allocation: `srun` starts the script's node command once per node, side by
+    side, here; `scontrol` names this host. The learner and a collector on node 0, a collector on node 1."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/usr/bin/env bash\necho localhost\n")
+    (bin_dir / "srun").write_text(
+        "#!/usr/bin/env bash\n"
+        "while [[ $1 == --* ]]; do shift; done\n"
+        "pids=()\n"
+        "for ((node = 0; node < SLURM_JOB_NUM_NODES; node++)); do SLURM_NODEID=$node \"$@\" & pids+=($!); done\n"
+        "code=0; for pid in \"${pids[@]}\"; do wait $pid || code=$?; done; exit $code\n")
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_NODELIST="node[1-2]",
+               SLURM_JOB_NUM_NODES="2", SLURM_JOB_ID="42", SLURM_SUBMIT_DIR=str(ROOT), COLLECTORS_PER_NODE="1",
+               INTERFACE="lo", TRANSPORT="cpu", MASTER_PORT=str(free_port()), RUN_NAME="slurm")
+    process = subprocess.Popen(["bash", str(ROOT / "launch" / "slurm.sbatch"), "configs/smoke.yaml"], cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    code, output = finish(process, timeout=180)
+    assert code == 0, output[-3000:]
+    summary = json.loads((runs / "slurm" / "summary.json").read_text())
+    assert set(summary["collectors"]) == {"collector0", "collector1"}
+    assert all(c["env_steps"] > 0 for c in summary["collectors"].values()), summary["collectors"]
+    # The collector node's own progress line: the run's progress as the learner tells it, and its share.
+    assert re.search(r"\[collectors \(ranks 2\.\.2\)\]: run env steps [\d,]+/4,000 \[[#-]{20}\] .* this node [\d,]+ "
+                     r"steps/s \| collectors acting 1/1", output), output[-3000:]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def test_a_collector_node_started_later_joins_a_running_learner(runs):

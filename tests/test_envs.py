@@ -93,3 +93,26 @@ def test_unknown_env_id_is_refused_by_name():
         describe_env(EnvConfig(id="ALE/Pongg-v5"))
     with pytest.raises(EnvError, match="NoSuchEnv"):
         describe_env(EnvConfig(id="NoSuchEnv-v0"))
+
+
+def test_the_recorded_screen_is_env_0s_game_in_colour():
+    """The screen is env 0 played a second time in colour; it shows the same game: grayscale and shrunk, it is the
+    agent's own newest frame, step after step, across a lost life and an episode's end (sticky actions on)."""
+    import cv2
+    cfg = atari(sticky_action_prob=0.25, max_episode_frames=2000)
+    env = make_vector_env(cfg, 3, seed=5, screen=True)
+    generator = torch.Generator().manual_seed(0)
+    try:
+        obs = env.reset()
+        ends = 0
+        for _ in range(700):
+            assert env.screen.shape == (210, 160, 3) and env.screen.dtype.name == "uint8"
+            seen = cv2.resize(cv2.cvtColor(env.screen, cv2.COLOR_RGB2GRAY), (84, 84), interpolation=cv2.INTER_AREA)
+            assert abs(seen.astype(float) - obs[0, -1].numpy()).mean() < 1.0
+            result = env.step(torch.randint(env.spec.num_actions, (3,), generator=generator))
+            obs, ends = result.obs, ends + int(result.episode_end[0])
+        assert ends >= 1
+    finally:
+        env.close()
+    with pytest.raises(EnvError, match="Atari"):
+        make_vector_env(EnvConfig(id="CartPole-v1"), 1, seed=0, screen=True)

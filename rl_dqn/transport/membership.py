@@ -82,16 +82,30 @@ def rendezvous_address(init_method: str, environ: dict[str, str]) -> tuple[str, 
     return url.hostname, url.port
 
 
-def open_store(host: str, port: int, listen_on: str | None, timeout_s: float) -> dist.TCPStore:
-    """The learner's store (`listen_on` = the address it binds, nothing else) or a client of it (None)."""
+def torchrun_prefix(environ: dict[str, str]) -> str | None:
+    """Under torchrun the store at MASTER_ADDR:MASTER_PORT is its agent's (TORCHELASTIC_USE_AGENT_STORE=True):
+    every process of the run, the learner too, is a client of it, under a prefix of torchrun's current attempt (as
+    torch's own env:// rendezvous does), so that a restarted attempt starts from an empty membership."""
+    if environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    return f"/rl_dqn/attempt_{environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
+def open_store(host: str, port: int, listen_on: str | None, timeout_s: float, prefix: str | None = None
+               ) -> dist.Store:
+    """The learner's store (`listen_on` = the address it binds, nothing else) or a client of it (None); with
+    `prefix`, a client of a store someone else runs (torchrun's), every key under the prefix."""
     global _store
     timeout = datetime.timedelta(seconds=timeout_s)
-    if listen_on is None:
+    if listen_on is None or prefix is not None:
         try:
             _store = dist.TCPStore(host, port, None, False, timeout)
         except (RuntimeError, ValueError) as e:
-            raise MembershipError(f"no learner answered at {host}:{port} within {timeout_s:g} s "
+            whom = "torchrun's rendezvous store" if prefix is not None else "learner"
+            raise MembershipError(f"no {whom} answered at {host}:{port} within {timeout_s:g} s "
                                   f"({str(e).splitlines()[0]})") from None
+        if prefix is not None:
+            _store = dist.PrefixStore(prefix, _store)
         return _store
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

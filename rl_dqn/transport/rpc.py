@@ -226,7 +226,8 @@ class LearnerTransport:
         timeout = cfg.cluster.join_timeout_s
 
         def start() -> membership.Registry:
-            store = membership.open_store(host, port, listen_on=address, timeout_s=timeout)
+            store = membership.open_store(host, port, listen_on=address, timeout_s=timeout,
+                                          prefix=membership.torchrun_prefix(dict(os.environ)))
             rpc.init_rpc(worker_name(LEARNER_RANK), rank=LEARNER_RANK,
                          rpc_backend_options=_options(cfg, placement, host, port))
             registry = membership.Registry(store, cfg.num_collectors, on_replace=self._on_replace)
@@ -452,7 +453,8 @@ class CollectorTransport:
         name = worker_name(collector_rank(index))
 
         def join() -> tuple[membership.Admission, tuple[Weights, int] | None]:
-            store = membership.open_store(host, port, listen_on=None, timeout_s=timeout)
+            store = membership.open_store(host, port, listen_on=None, timeout_s=timeout,
+                                          prefix=membership.torchrun_prefix(dict(os.environ)))
             admission = membership.ask_admission(store, index, timeout, stop)
             rpc.init_rpc(name, rank=admission.rpc_id, rpc_backend_options=_options(cfg, placement, host, port))
             return admission, rpc.rpc_sync(worker_name(LEARNER_RANK), _hello, args=(index, admission.rpc_id),
@@ -462,9 +464,8 @@ class CollectorTransport:
         self.rpc_id, self.incarnation = admission.rpc_id, admission.incarnation
         if welcome is None:
             raise TransportError(f"the learner took {name} for replaced or the run is over")
-        first, env_steps = welcome
+        first, self.env_steps_at_join = welcome     # where the run stood when this process joined
         self._weights = (first, None)
-        self.last_ack = Ack(env_steps, stop=False)   # where the run stands, until the first real answer
 
     def _on_weights(self, weights: Weights) -> None:
         arrived = _arrival(weights.state.values())

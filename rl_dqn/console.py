@@ -1,0 +1,34 @@
+"""Console lines: one per role and event, progress bars with an ETA. No torch here: the node launchers use it."""
+
+from __future__ import annotations
+
+import sys
+
+# A collector's machine-readable progress line starts with its role and this mark; a node's launcher sums them.
+PROGRESS_MARK = "@progress"
+
+
+def say(role: str, message: str) -> None:
+    """One console line, prefixed with the role."""
+    print(f"[{role}] {message}", file=sys.stdout, flush=True)
+
+
+def progress_bar(fraction: float, width: int = 20) -> str:
+    filled = round(max(0.0, min(fraction, 1.0)) * width)
+    return "[" + "#" * filled + "-" * (width - filled) + "]"
+
+
+def duration(seconds: float) -> str:
+    """4s, 3m05s, 2h07m."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def progress(done: int, total: int, rate: float) -> str:
+    """`1,234/10,000 [##------------------] 12% ETA 3m05s` at `rate` per second."""
+    eta = f"ETA {duration((total - done) / rate)}" if rate > 0 and done < total else "ETA -"
+    return f"{done:,}/{total:,} {progress_bar(done / total)} {100 * done / total:3.0f}% {eta}"
