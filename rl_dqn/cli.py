@@ -101,6 +101,28 @@ def _check_interface(cfg: Config) -> None:
             raise ConfigError("cluster.interface", str(e).removeprefix("cluster.interface: ")) from None
 
 
+def _check_learner_address(cfg: Config) -> None:
+    """The rendezvous host is the learner's own address on cluster.interface: its store listens there and nowhere
+    else, so a host that names another address (a hostname that resolves elsewhere) would leave every collector
+    knocking at a closed door. Under torchrun the store is torchrun's, wherever it put it."""
+    from rl_dqn.transport.membership import MembershipError, interface_address, rendezvous_address, torchrun_prefix
+    if torchrun_prefix(dict(os.environ)) is not None:
+        return
+    try:
+        host, _ = rendezvous_address(cfg.cluster.init_method, dict(os.environ))
+        mine = interface_address(cfg.cluster.interface)
+    except MembershipError as e:
+        raise ConfigError("cluster.init_method", str(e)) from None
+    try:
+        resolved = socket.gethostbyname(host)
+    except OSError:
+        raise ConfigError("cluster.init_method", f"the host {host!r} does not resolve here") from None
+    if resolved != mine:
+        where = "MASTER_ADDR" if cfg.cluster.init_method == "env://" else "cluster.init_method"
+        raise ConfigError("cluster.init_method", f"{where} names {host} ({resolved}), but the learner listens only "
+                                                 f"on cluster.interface={cfg.cluster.interface} ({mine}); give {mine}")
+
+
 def _check_env(cfg: Config):
     from envs import EnvError, describe_env
     try:
@@ -238,6 +260,7 @@ def _learner(cfg: Config, args) -> int:
     if not cfg.cluster.single_node:
         _require_cluster(cfg, collector_node=False)
     _check_interface(cfg)
+    _check_learner_address(cfg)
     spec = _check_env(cfg)
     placement = _placement(cfg, 0)
     folder = _make_run_dir(cfg)

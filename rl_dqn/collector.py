@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 
@@ -11,7 +12,7 @@ import torch
 from envs import EnvSpec, StepResult, VectorEnv, make_vector_env
 from rl_dqn import dqn
 from rl_dqn.config import Config
-from rl_dqn.console import PROGRESS_MARK, say
+from rl_dqn.console import PROGRESS_ENV, PROGRESS_MARK, say
 from rl_dqn.network import QNetwork
 from rl_dqn.system import SystemMeter
 from rl_dqn.types import Chunk
@@ -95,6 +96,8 @@ class Collector:
         self.stop = stop or threading.Event()
         self.policy_device = torch.device(policy_device)
         self.name = f"collector{index}"
+        # Its launcher reads its progress lines (a collector started any other way keeps quiet).
+        self.report_progress = os.environ.get(PROGRESS_ENV) == "1"
 
     def _epsilons(self, run_env_steps: int) -> torch.Tensor:
         c, E = self.cfg.collectors, self.cfg.env.envs_per_collector
@@ -152,14 +155,15 @@ class Collector:
                     if cfg.collectors.exploration == "linear":
                         epsilons = self._epsilons(run_env_steps)
                 if (now := time.monotonic()) - last_report >= cfg.metrics.interval_s:
-                    figures = meter.sample()
+                    figures = meter.sample()   # travels with the next chunks, for TensorBoard
                     system = (figures["cpu_percent"], figures["memory_mb"], figures.get("gpu_memory_mb", 0.0))
-                    # For the node's launcher, which sums its collectors into one progress line (not shown as is):
-                    # this process's env steps/s, and the run's env steps and their rate as the learner answers.
                     steps, interval = seq * builder.steps * E, now - last_report
-                    report = {"rate": (steps - steps_then) / interval, "run_env_steps": run_env_steps,
-                              "run_rate": (run_env_steps - run_steps_then) / interval, "weights_version": version}
-                    print(f"[{self.name}] {PROGRESS_MARK} {json.dumps(report)}", flush=True)
+                    if self.report_progress:
+                        # For the node's launcher, which sums its collectors into one progress line: this
+                        # process's env steps/s, and the run's env steps and their rate as the learner answers.
+                        report = {"rate": (steps - steps_then) / interval, "run_env_steps": run_env_steps,
+                                  "run_rate": (run_env_steps - run_steps_then) / interval, "weights_version": version}
+                        print(f"[{self.name}] {PROGRESS_MARK} {json.dumps(report)}", flush=True)
                     last_report, steps_then, run_steps_then = now, steps, run_env_steps
         elapsed = time.monotonic() - started
         say(self.name, f"stopped after {seq} chunks ({seq * builder.steps * E:,} env steps, "

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import sys
 
-# A collector's machine-readable progress line starts with its role and this mark; a node's launcher sums them.
+# A collector's machine-readable progress line starts with its role and this mark; a node's launcher sums them,
+# and sets PROGRESS_ENV=1 for the processes it starts so that they write these lines.
 PROGRESS_MARK = "@progress"
+PROGRESS_ENV = "RL_DQN_PROGRESS_LINES"
 
 
 def say(role: str, message: str) -> None:

@@ -14,6 +14,7 @@ import os
 import pickle
 import queue
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -24,7 +25,7 @@ from envs import EnvError, make_vector_env
 from rl_dqn import dqn
 from rl_dqn.config import Config, ConfigError, from_dict, to_dict
 from rl_dqn.network import QNetwork
-from rl_dqn.video import FORMATS, fps_of, gif_bytes, write_video
+from rl_dqn.video import FORMATS, VideoError, VideoFile, fps_of, gif_bytes
 
 
 def latest_checkpoint(run_dir: Path) -> Path:
@@ -34,22 +35,20 @@ def latest_checkpoint(run_dir: Path) -> Path:
     return checkpoints[-1]
 
 
-class Played(NamedTuple):
-    scores: list[float]          # raw game score of one episode per env
-    frames: list[np.ndarray]     # env 0's episode as RGB screens, when recorded
-
-
-def play(env, network: QNetwork, epsilon: float, generator: torch.Generator, record_steps: int = 0) -> Played:
+def play(env, network: QNetwork, epsilon: float, generator: torch.Generator,
+         record: Callable[[np.ndarray], None] | None = None, record_steps: int = 0) -> list[float]:
     """Raw scores of one episode per env of `env` (a vector env), all stepped together, each env scoring the first
-    episode it finishes after a reset. With `record_steps`, the screens of env 0's episode (the env must keep its
-    screen) are recorded up to that many steps."""
+    episode it finishes after a reset. `record` is handed env 0's screen (the env must keep it) at the episode's
+    start and after each of its steps, up to `record_steps` steps."""
     n = env.num_envs
     epsilons = torch.full((n,), epsilon)
     returns = torch.zeros(n, dtype=torch.float64)
     scores = torch.zeros(n, dtype=torch.float64)
     done = torch.zeros(n, dtype=torch.bool)
     obs = env.reset()
-    frames = [env.screen.copy()] if record_steps else []
+    recorded = 0
+    if record is not None:
+        record(env.screen)
     while not done.all():
         with torch.inference_mode():
             actions = dqn.select_actions(network(obs), epsilons, generator)
@@ -57,11 +56,12 @@ def play(env, network: QNetwork, epsilon: float, generator: torch.Generator, rec
         returns += result.raw_reward
         ended = result.episode_end & ~done
         scores[ended] = returns[ended]
-        if record_steps and not done[0] and len(frames) <= record_steps:
-            frames.append(env.screen.copy())
+        if record is not None and not done[0] and recorded < record_steps:
+            record(env.screen)
+            recorded += 1
         done |= ended
         obs = result.obs
-    return Played(scores.tolist(), frames)
+    return scores.tolist()
 
 
 def load_player(checkpoint: Path) -> tuple[Config, QNetwork]:
@@ -75,14 +75,14 @@ def load_player(checkpoint: Path) -> tuple[Config, QNetwork]:
 
 
 def evaluate(checkpoint: Path, episodes: int = 20, epsilon: float | None = None, seed: int = 12345,
-             record_steps: int = 0) -> Played:
+             record: Callable[[np.ndarray], None] | None = None, record_steps: int = 0) -> list[float]:
     """Raw scores of `episodes` episodes played by the checkpoint's network, epsilon-greedy (`None`: the run's
-    eval.epsilon), and env 0's episode as screens when `record_steps`."""
+    eval.epsilon); env 0's screens go to `record`, as `play` says."""
     cfg, network = load_player(checkpoint)
-    env = make_vector_env(cfg.env, episodes, seed=seed, screen=record_steps > 0)
+    env = make_vector_env(cfg.env, episodes, seed=seed, screen=record is not None)
     try:
         return play(env, network, cfg.eval.epsilon if epsilon is None else epsilon,
-                    torch.Generator().manual_seed(seed), record_steps)
+                    torch.Generator().manual_seed(seed), record, record_steps)
     finally:
         env.close()
 
@@ -148,9 +148,10 @@ def _evaluator_main(cfg_dict: dict, requests, results) -> None:
         while (request := requests.get()) is not None:
             state, env_steps, elapsed_s, version = request
             network.load_state_dict(state)
-            played = play(env, network, cfg.eval.epsilon, generator, record)
-            video = gif_bytes(played.frames, fps_of(cfg.env.frame_skip)) if record else None
-            results.put((env_steps, elapsed_s, version, played.scores, video))
+            frames: list[np.ndarray] = []
+            scores = play(env, network, cfg.eval.epsilon, generator, frames.append if record else None, record)
+            video = gif_bytes(frames, fps_of(cfg.env.frame_skip)) if record else None
+            results.put((env_steps, elapsed_s, version, scores, video))
     except Exception as e:  # noqa: BLE001 - reported to the learner as one line
         results.put(f"evaluator failed: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}")
     finally:
@@ -171,8 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=12345, help="seed of the envs and the random actions")
     parser.add_argument("--video", type=Path, default=None,
                         help=f"record the first episode of env 0 to this file ({' or '.join(FORMATS)})")
-    parser.add_argument("--video-max-steps", type=int, default=27_000,
-                        help="stop recording after this many agent steps (default 27,000: a whole Atari episode)")
+    parser.add_argument("--video-max-steps", type=int, default=None,
+                        help="stop recording after this many agent steps (default: 27,000, a whole Atari episode, "
+                             "for an mp4, which is written as it plays; 3,000 for a gif, which is held in memory)")
     args = parser.parse_args(argv)
     if args.episodes < 1:
         parser.error(f"--episodes must be >= 1, got {args.episodes}")
@@ -180,37 +182,42 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--epsilon must be in [0, 1], got {args.epsilon}")
     if args.video is not None and args.video.suffix.lower() not in FORMATS:
         parser.error(f"--video must name a {' or '.join(FORMATS)} file, got {str(args.video)!r}")
-    if args.video_max_steps < 1:
+    if args.video_max_steps is not None and args.video_max_steps < 1:
         parser.error(f"--video-max-steps must be >= 1, got {args.video_max_steps}")
-    checkpoint = args.run
     if not args.run.exists():
-        print(f"play: error: {args.run} is neither a run folder nor a checkpoint file", file=sys.stderr)
-        return 2
+        return _fail(f"{args.run} is neither a run folder nor a checkpoint file")
+    checkpoint = args.run
     try:
         checkpoint = args.run if args.run.is_file() else latest_checkpoint(args.run)
-        played = evaluate(checkpoint, args.episodes, args.epsilon, args.seed,
-                          args.video_max_steps if args.video is not None else 0)
+        cfg, _ = load_player(checkpoint)
+    except FileNotFoundError as e:
+        return _fail(str(e))
+    except (RuntimeError, KeyError, TypeError, ValueError, pickle.UnpicklingError, EOFError) as e:
+        return _fail(f"{checkpoint} is not an rl_dqn checkpoint ({type(e).__name__}: "
+                     f"{str(e).strip().splitlines()[0] if str(e).strip() else ''})")
+    video = None
+    try:
         if args.video is not None:
-            cfg, _ = load_player(checkpoint)
-            write_video(played.frames, args.video, fps_of(cfg.env.frame_skip))
-    except (FileNotFoundError, ConfigError, EnvError) as e:
-        print(f"play: error: {e}", file=sys.stderr)
-        return 2
-    except (RuntimeError, KeyError, TypeError, pickle.UnpicklingError, EOFError) as e:
-        print(f"play: error: {checkpoint} is not an rl_dqn checkpoint ({type(e).__name__}: "
-              f"{str(e).strip().splitlines()[0] if str(e).strip() else ''})", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"play: error: cannot write {args.video}: {e.strerror or e}", file=sys.stderr)
-        return 2
-    scores = played.scores
+            video = VideoFile(args.video, fps_of(cfg.env.frame_skip))
+            steps = args.video_max_steps or (3_000 if video.gif else 27_000)
+        scores = evaluate(checkpoint, args.episodes, args.epsilon, args.seed,
+                          video.add if video is not None else None, steps if video is not None else 0)
+        if video is not None:
+            video.close()
+    except (ConfigError, EnvError, VideoError) as e:
+        return _fail(str(e))
     mean = sum(scores) / len(scores)
     std = (sum((s - mean) ** 2 for s in scores) / len(scores)) ** 0.5
     print(f"{checkpoint}: {len(scores)} episodes, score {mean:.2f} +- {std:.2f} "
           f"(min {min(scores):g}, max {max(scores):g})")
-    if args.video is not None:
-        print(f"video of env 0's episode ({len(played.frames)} frames, score {scores[0]:g}): {args.video}")
+    if video is not None:
+        print(f"video of env 0's episode ({video.count} frames, score {scores[0]:g}): {args.video}")
     return 0
+
+
+def _fail(message: str) -> int:
+    print(f"play: error: {message}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -89,13 +89,13 @@ class Learner:
         self._started = time.monotonic()
         self._first_data_time: float | None = None
         self._first_data_steps = 0
-        self._training_start: tuple[float, int] | None = None
+        self._training_start: tuple[float, int, int] | None = None   # (when, env steps, updates)
         self.board = Board(run_dir, cfg)
         self.evaluator: Evaluator | None = None
         self._next_eval = cfg.eval.every_env_steps
         self._best_eval: float | None = None
         self._last_eval: tuple[float, float, int] | None = None   # mean, std, env steps
-        self._system = SystemMeter(self.device)
+        self._system = SystemMeter(self.device, gpu_utilization=True)
 
     # ------------------------------------------------------------------------------------------- data in
 
@@ -176,8 +176,8 @@ class Learner:
 
     def _account(self, chunk: Chunk) -> None:
         now = time.monotonic()
-        if self._first_data_time is None:
-            self._first_data_time, self._first_data_steps = now, chunk.env_steps
+        if self._first_data_time is None:   # rates count from the first chunk's end (a resumed run's too)
+            self._first_data_time, self._first_data_steps = now, self.env_steps + chunk.env_steps
         self.env_steps += chunk.env_steps
         self._env_meter.add(chunk.env_steps)
         self._byte_meter.add(chunk.nbytes)
@@ -226,7 +226,7 @@ class Learner:
         and re-prioritized by its TD errors)."""
         t = self.cfg.train
         if self._training_start is None:
-            self._training_start = (time.monotonic(), self.env_steps)
+            self._training_start = (time.monotonic(), self.env_steps, self.updates)
         beta = dqn.beta_schedule(self.env_steps, t.priority_beta, t.learning_starts, t.total_env_steps)
         batch = self.replay.sample(t.batch_size, self.generator, beta)
         q = self.network(batch.obs).gather(1, batch.actions[:, None]).squeeze(1)
@@ -258,7 +258,7 @@ class Learner:
     def publish(self) -> None:
         if self.updates > 0:
             self.weights_version += 1
-        self.transport.publish(self.weights())
+        self.transport.publish(self.weights(), self.env_steps)
 
     # ------------------------------------------------------------------------------------------- the loop
 
@@ -426,7 +426,7 @@ class Learner:
                 cpu, memory, gpu_memory = stats.system
                 self.board.scalar(f"system/collector{i}/cpu_percent", cpu, steps)
                 self.board.scalar(f"system/collector{i}/memory_mb", memory, steps)
-                if stats.chunk_device is not None and stats.chunk_device.startswith("cuda"):
+                if gpu_memory > 0:   # it acts on a GPU
                     self.board.scalar(f"system/collector{i}/gpu_memory_mb", gpu_memory, steps)
 
     def progress_line(self, env_rate: float, update_rate: float) -> str:
@@ -537,9 +537,9 @@ class Learner:
         if self._first_data_time is not None and now > self._first_data_time:
             summary["env_steps_per_s"] = (self.env_steps - self._first_data_steps) / (now - self._first_data_time)
         if self._training_start is not None and now > self._training_start[0]:
-            since, steps = self._training_start
+            since, steps, updates = self._training_start
             summary["env_steps_per_s_training"] = (self.env_steps - steps) / (now - since)
-            summary["updates_per_s_training"] = self.updates / (now - since)
+            summary["updates_per_s_training"] = (self.updates - updates) / (now - since)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
 
 

@@ -27,7 +27,8 @@ LAYOUT = {
         "collectors alive": ["Multiline", [r"cluster/collectors_alive$"]],
     },
     "system": {
-        "CPU % (100 = a core)": ["Multiline", [r"system/.*/cpu_percent$"]],
+        "CPU % of each role (100 = a core)": ["Multiline", [r"system/(learner|collector\d+)/cpu_percent$"]],
+        "CPU % of the learner's node (100 = every core)": ["Multiline", [r"system/learner_node/cpu_percent$"]],
         "memory MB": ["Multiline", [r"system/.*/memory_mb$"]],
         "GPU utilisation %": ["Multiline", [r"system/.*/gpu_util_percent$"]],
         "GPU memory MB": ["Multiline", [r"system/.*/gpu_memory_mb$"]],

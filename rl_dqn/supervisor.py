@@ -19,7 +19,7 @@ import threading
 import time
 from typing import NamedTuple
 
-from rl_dqn.console import PROGRESS_MARK, progress
+from rl_dqn.console import PROGRESS_ENV, PROGRESS_MARK, progress
 
 
 class RoleSpec(NamedTuple):
@@ -125,7 +125,7 @@ def die_with_parent() -> None:
 
 
 def supervise(specs: list[RoleSpec], node: str, grace_s: float = 20.0, progress: NodeProgress | None = None) -> int:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **{PROGRESS_ENV: "1"})
     # TensorPipe warns in C++ about every pipe a departing peer closes; the roles say in one line who left and
     # why. TORCH_CPP_LOG_LEVEL=INFO brings its messages back.
     env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -21,13 +22,13 @@ def _node_cpu_times() -> tuple[int, int]:
 
 class SystemMeter:
     """Samples this process's CPU use (100 = one core busy) and resident memory, its node's CPU use (100 = every
-    core busy) and, when the role works on a GPU, that GPU's utilisation and the memory torch holds there. Each
-    sample covers the time since the previous one."""
+    core busy) and, when the role works on a GPU, the memory torch holds there and (with `gpu_utilization`) that
+    GPU's utilisation. Each sample covers the time since the previous one; nothing here blocks the caller."""
 
-    def __init__(self, device: torch.device | str = "cpu"):
+    def __init__(self, device: torch.device | str = "cpu", gpu_utilization: bool = False):
         self.device = torch.device(device)
-        self._gpu_util_works = self.device.type == "cuda"
         self._last = (time.monotonic(), time.process_time(), *_node_cpu_times())
+        self._utilization = _GpuUtilization(self.device) if gpu_utilization and self.device.type == "cuda" else None
 
     def sample(self) -> dict[str, float]:
         now = (time.monotonic(), time.process_time(), *_node_cpu_times())
@@ -40,24 +41,40 @@ class SystemMeter:
         }
         if self.device.type == "cuda":
             figures["gpu_memory_mb"] = torch.cuda.memory_reserved(self.device) / 2**20
-            if (util := self._gpu_utilization()) is not None:
+            if self._utilization is not None and (util := self._utilization.latest) is not None:
                 figures["gpu_util_percent"] = util
         return figures
 
-    def _gpu_utilization(self) -> float | None:
-        """Percent of the last sample period the GPU was busy (NVML through torch, or nvidia-smi); None where
-        neither answers (then it is not asked again)."""
-        if not self._gpu_util_works:
-            return None
-        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+
+class _GpuUtilization:
+    """The GPU's utilisation (percent of the last sampling period it was busy), read every few seconds on a thread
+    of its own: from NVML through torch where its bindings are installed, else from `nvidia-smi`; given up where
+    neither answers."""
+
+    def __init__(self, device: torch.device, every_s: float = 5.0):
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        self._torch_index = index
+        # nvidia-smi numbers GPUs physically; CUDA_VISIBLE_DEVICES (which SLURM sets) renumbers them for torch.
+        visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+        self._smi_id = visible[index] if index < len(visible) else str(index)
+        self.latest: float | None = None
+        self._every_s = every_s
+        threading.Thread(target=self._run, name="gpu-utilization", daemon=True).start()
+
+    def _read(self) -> float | None:
         try:
-            return float(torch.cuda.utilization(index))
+            return float(torch.cuda.utilization(self._torch_index))
         except Exception:  # noqa: BLE001 - no NVML bindings: ask nvidia-smi
             pass
         try:
             out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
-                                  f"--id={index}"], capture_output=True, text=True, timeout=5, check=True).stdout
+                                  f"--id={self._smi_id}"], capture_output=True, text=True, timeout=10,
+                                 check=True).stdout
             return float(out.strip().splitlines()[0])
         except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-            self._gpu_util_works = False
             return None
+
+    def _run(self) -> None:
+        while (value := self._read()) is not None:
+            self.latest = value
+            time.sleep(self._every_s)

@@ -113,6 +113,9 @@ def _cli(*args, env=None, timeout=60):
       "cluster.rank=1", "cluster.interface=nosuch0"], "cluster.interface"),
     (["local", "configs/smoke.yaml", "run.name=never-ran", "run.resume=true"], "run.resume"),
     (["local", "configs/cartpole.yaml", "eval.video=true"], "eval.video"),              # videos are Atari's
+    # The learner listens on its interface's address only: a rendezvous host elsewhere could never be reached.
+    (["learner", "configs/smoke.yaml", "cluster.init_method=tcp://127.0.0.2:1", "cluster.world_size=3",
+      "cluster.interface=lo"], "cluster.init_method"),
 ])
 def test_cli_refuses_bad_input_with_one_line_and_exit_2(args, key):
     result = _cli(*args)

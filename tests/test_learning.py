@@ -22,7 +22,7 @@ def test_cartpole_reaches_195_within_5_minutes(tmp_path, monkeypatch):
     result = subprocess.run([str(ROOT / "launch/local.sh"), "configs/cartpole.yaml", "run.name=learn"], cwd=ROOT,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    scores = evaluate(latest_checkpoint(tmp_path / "learn"), episodes=20, epsilon=0.0).scores
+    scores = evaluate(latest_checkpoint(tmp_path / "learn"), episodes=20, epsilon=0.0)
     elapsed = time.monotonic() - started
     mean = sum(scores) / len(scores)
     print(f"CartPole: mean greedy return {mean:.1f} over 20 episodes, {elapsed:.0f} s from launch to evaluation")

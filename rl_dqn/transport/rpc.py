@@ -345,11 +345,14 @@ class LearnerTransport:
                 ack.set_result(Ack(0, stop=True))
             self._unanswered.clear()
 
-    def publish(self, weights: Weights) -> int:
+    def publish(self, weights: Weights, env_steps: int | None = None) -> int:
         """Sends `weights` to every live collector whose previous weights have arrived; a collector still busy
         receiving skips this version and gets a newer one. Collectors without a device map get a CPU copy.
-        Returns how many it was sent to."""
+        `env_steps`, the run's so far, goes to collectors that join later with these weights. Returns how many it
+        was sent to."""
         self._latest = weights
+        if env_steps is not None:
+            self._env_steps = max(self._env_steps, env_steps)
         sent, on_cpu = 0, None
         with self._lock:
             names = sorted(self.alive)
