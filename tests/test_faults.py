@@ -102,7 +102,10 @@ def test_a_killed_collector_is_replaced_while_the_learner_trains_on(runs):
     rates = values["learner/updates_per_s"]
     first = next(i for i, r in enumerate(rates) if r > 0)
     assert all(r > 0 for r in rates[first:-1]), rates
-    assert 1 in values["cluster/collectors_alive"] and values["cluster/collectors_alive"][-1] == 2
+    # One collector alive after the kill, two again once the new process joined (at the very end, as SIGTERM takes
+    # the run down, the count may fall as collectors leave).
+    alive = values["cluster/collectors_alive"]
+    assert 1 in alive and 2 in alive[alive.index(1):], alive
 
 
 def test_a_hung_collector_is_dropped_and_replaced_when_it_wakes(runs):
