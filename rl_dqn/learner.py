@@ -431,11 +431,14 @@ class Learner:
 
     def progress_line(self, env_rate: float, update_rate: float) -> str:
         """`env steps 1,234/10,000 [##---] 12% ETA 3m05s | 2,345 steps/s | ...`: the ETA at the mean rate since
-        data first arrived."""
+        training began (collecting alone, before train.learning_starts, runs faster than the rest will), or since
+        data first arrived until then."""
         total, steps = self.cfg.train.total_env_steps, self.env_steps
+        since = self._training_start[:2] if self._training_start is not None else \
+            (self._first_data_time, self._first_data_steps)
         mean_rate = 0.0
-        if self._first_data_time is not None and (elapsed := time.monotonic() - self._first_data_time) > 0:
-            mean_rate = (steps - self._first_data_steps) / elapsed
+        if since[0] is not None and (elapsed := time.monotonic() - since[0]) > 0:
+            mean_rate = (steps - since[1]) / elapsed
         parts = [f"env steps {progress(steps, total, mean_rate)}", f"{env_rate:,.0f} steps/s",
                  f"{update_rate:,.1f} updates/s", f"replay {len(self.replay):,}"]
         if self._returns:
