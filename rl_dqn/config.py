@@ -593,8 +593,7 @@ def field_docs(cls: type) -> dict[str, str]:
 def reference_markdown() -> str:
     """Every config key with its default and meaning, one table per section (the README's key reference is this
     text; `python -m rl_dqn.config` prints it)."""
-    defaults = to_dict(Config(cluster=ClusterConfig(world_size=2)))
-    defaults["cluster"]["world_size"] = 0
+    defaults = to_dict(Config())
     parts = []
     for section, cls in SECTIONS.items():
         docs = field_docs(cls)

@@ -78,6 +78,14 @@ class Learner:
         self.dropped_chunks = 0                          # chunks of a replaced process left behind by a gap
         self._waiting = collections.deque()          # deliveries whose answer is withheld
         self._chunk_env_steps = cfg.collectors.chunk_steps * cfg.env.envs_per_collector
+        # What a chunk's tensors must be: field -> (shape, or None for any length, dtype).
+        T, E = cfg.collectors.chunk_steps, cfg.env.envs_per_collector
+        self._chunk_fields = {
+            "frames": ((T, E, *spec.frame_shape), spec.obs_dtype), "actions": ((T, E), torch.int64),
+            "rewards": ((T, E), torch.float32), "terminated": ((T, E), torch.bool), "first": ((T, E), torch.bool),
+            "episode_returns": (None, torch.float64), "episode_lengths": (None, torch.int64)}
+        if self.replay.initial_priority == "collectors":
+            self._chunk_fields |= {"q_taken": ((T, E), torch.float32), "q_max": ((T, E), torch.float32)}
         # Metrics: sums since the last log line, so the update itself never waits on a host sync.
         self._loss_sum = torch.zeros((), device=self.device)
         self._q_sum = torch.zeros((), device=self.device)
@@ -130,14 +138,7 @@ class Learner:
         # Chunks of a process that was replaced still continue its lanes until the new process's first arrives.
         if standing == "former" and chunk.sender != self._lane_sender[chunk.collector]:
             return "from a collector process that was replaced"
-        T, E = cfg.collectors.chunk_steps, cfg.env.envs_per_collector
-        want = {"frames": ((T, E, *spec.frame_shape), spec.obs_dtype), "actions": ((T, E), torch.int64),
-                "rewards": ((T, E), torch.float32), "terminated": ((T, E), torch.bool),
-                "first": ((T, E), torch.bool), "episode_returns": (None, torch.float64),
-                "episode_lengths": (None, torch.int64)}
-        if self.replay.initial_priority == "collectors":
-            want |= {"q_taken": ((T, E), torch.float32), "q_max": ((T, E), torch.float32)}
-        for field, (shape, dtype) in want.items():
+        for field, (shape, dtype) in self._chunk_fields.items():
             value = getattr(chunk, field)
             if not isinstance(value, torch.Tensor):
                 return f"{field} is not a tensor"
