@@ -1,6 +1,6 @@
-"""Greedy play of a checkpoint, `./launch/play.sh runs/<name> [--episodes 20] [--video episode.mp4]`, and
+"""Greedy play of a checkpoint, `./launch/play.sh runs/<name> [--best] [--episodes 20] [--video episode.mp4]`, and
 periodic evaluation during training, in a process of its own (`Evaluator`) that feeds no replay and does not slow the
-learner's loop.
+learner's loop (the learner keeps the best-scoring network it evaluated as checkpoints/best.pt).
 
 Both play whole episodes (game over or time limit, not lost lives), report the raw score and can record env 0's
 first episode as a video of the game screen.
@@ -26,6 +26,17 @@ from rl_dqn import dqn
 from rl_dqn.config import Config, ConfigError, from_dict, to_dict
 from rl_dqn.network import QNetwork
 from rl_dqn.video import FORMATS, VideoError, VideoFile, fps_of, gif_bytes
+
+
+BEST_CHECKPOINT = "best.pt"    # in checkpoints/: the network that scored best in the run's evaluations
+
+
+def best_checkpoint(run_dir: Path) -> Path:
+    path = run_dir / "checkpoints" / BEST_CHECKPOINT
+    if not path.is_file():
+        raise FileNotFoundError(f"no {BEST_CHECKPOINT} in {run_dir / 'checkpoints'}: the run finished no "
+                                f"evaluation (eval.every_env_steps)")
+    return path
 
 
 def latest_checkpoint(run_dir: Path) -> Path:
@@ -162,10 +173,13 @@ def _evaluator_main(cfg_dict: dict, requests, results) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="./launch/play.sh", description="Plays a trained agent: greedy episodes "
-                                     "of a run's newest checkpoint (or a given one), their mean raw score, and a "
-                                     "video of one episode.")
+                                     "of a run's newest checkpoint (its best-scoring one with --best, or a given "
+                                     "file), their mean raw score, and a video of one episode.")
     parser.add_argument("run", type=Path, help="a run folder (its newest checkpoint), e.g. runs/<name>, or a "
                                                "checkpoint file")
+    parser.add_argument("--best", action="store_true",
+                        help=f"play the network that scored best in the run's evaluations (checkpoints/"
+                             f"{BEST_CHECKPOINT}) instead of the newest checkpoint")
     parser.add_argument("--episodes", type=int, default=20, help="episodes, played side by side (default 20)")
     parser.add_argument("--epsilon", type=float, default=None,
                         help="chance of a random action (default: the run's eval.epsilon)")
@@ -186,9 +200,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--video-max-steps must be >= 1, got {args.video_max_steps}")
     if not args.run.exists():
         return _fail(f"{args.run} is neither a run folder nor a checkpoint file")
+    if args.best and args.run.is_file():
+        parser.error(f"--best takes a run folder, not a checkpoint file ({args.run})")
     checkpoint = args.run
     try:
-        checkpoint = args.run if args.run.is_file() else latest_checkpoint(args.run)
+        if args.run.is_dir():
+            checkpoint = best_checkpoint(args.run) if args.best else latest_checkpoint(args.run)
         cfg, _ = load_player(checkpoint)
     except FileNotFoundError as e:
         return _fail(str(e))

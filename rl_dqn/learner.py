@@ -18,7 +18,7 @@ import torch
 from envs import EnvSpec
 from rl_dqn import dqn
 from rl_dqn.config import Config, to_dict
-from rl_dqn.evaluate import EvalResult, Evaluator
+from rl_dqn.evaluate import BEST_CHECKPOINT, EvalResult, Evaluator
 from rl_dqn.console import duration, progress, say
 from rl_dqn.metrics import Board, RateMeter
 from rl_dqn.network import QNetwork
@@ -102,6 +102,7 @@ class Learner:
         self.evaluator: Evaluator | None = None
         self._next_eval = cfg.eval.every_env_steps
         self._best_eval: float | None = None
+        self._eval_state: dict[str, torch.Tensor] | None = None   # the weights the evaluator is playing
         self._last_eval: tuple[float, float, int] | None = None   # mean, std, env steps
         self._system = SystemMeter(self.device, gpu_utilization=True)
 
@@ -344,6 +345,7 @@ class Learner:
             if not self.evaluator.busy and self.env_steps >= self._next_eval:
                 state = {k: v.detach().to("cpu", copy=True) for k, v in self.network.state_dict().items()}
                 self.evaluator.submit(state, self.env_steps, time.monotonic() - self._started, self.weights_version)
+                self._eval_state = state
                 self._next_eval = self.env_steps + self.cfg.eval.every_env_steps
         except RuntimeError as e:
             say("learner", f"evaluation stopped, training goes on: {e}")
@@ -353,7 +355,10 @@ class Learner:
     def _log_eval(self, result: EvalResult) -> None:
         scores = torch.tensor(result.scores, dtype=torch.float64)
         mean, std = scores.mean().item(), scores.std(unbiased=False).item()
-        self._best_eval = mean if self._best_eval is None else max(self._best_eval, mean)
+        if self._best_eval is None or mean > self._best_eval:
+            self._best_eval = mean
+            if self._eval_state is not None:
+                self.save_best(self._eval_state, result, mean, std)
         self._last_eval = (mean, std, result.env_steps)
         self.board.scalar("eval/episode_return", mean, result.env_steps)
         self.board.scalar("eval/episode_return_std", std, result.env_steps)
@@ -469,7 +474,16 @@ class Learner:
         if checkpoints:
             lines.append(f"newest checkpoint {checkpoints[-1]} (watch it: ./launch/play.sh {self.run_dir} "
                          f"--video episode.mp4; continue the run: run.resume=true run.name={self.run_dir.name})")
+        if (best := self.run_dir / "checkpoints" / BEST_CHECKPOINT).is_file():
+            lines.append(f"best evaluated network {best} (score {self._best_eval:.2f}; ./launch/play.sh "
+                         f"{self.run_dir} --best)")
         return lines
+
+    def _identity(self) -> dict:
+        """What a checkpoint needs besides weights to be played: the run's config and its env's shapes."""
+        return {"config": to_dict(self.cfg),
+                "spec": {"obs_shape": list(self.spec.obs_shape), "obs_dtype": str(self.spec.obs_dtype),
+                         "num_actions": self.spec.num_actions}}
 
     def checkpoint_state(self) -> dict:
         return {
@@ -481,10 +495,19 @@ class Learner:
             "schedule": {"next_eval": self._next_eval, "best_eval": self._best_eval,
                          "elapsed_s": time.monotonic() - self._started},
             "generator": self.generator.get_state(),
-            "config": to_dict(self.cfg),
-            "spec": {"obs_shape": list(self.spec.obs_shape), "obs_dtype": str(self.spec.obs_dtype),
-                     "num_actions": self.spec.num_actions},
-        }
+        } | self._identity()
+
+    def save_best(self, state: dict[str, torch.Tensor], result: EvalResult, mean: float, std: float) -> Path:
+        """checkpoints/best.pt: the network that scored best in the run's evaluations so far (the weights that
+        round played, not the newer ones trained since), with its score. DQN's score can fall again after a peak,
+        so this is the one to keep (`./launch/play.sh runs/<name> --best`); it holds no optimizer state."""
+        path = self.run_dir / "checkpoints" / BEST_CHECKPOINT
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _save_atomically({"network": state, "eval": {"mean": mean, "std": std, "episodes": len(result.scores),
+                                                     "env_steps": result.env_steps,
+                                                     "weights_version": result.weights_version}}
+                         | self._identity(), path)
+        return path
 
     def save_checkpoint(self) -> Path:
         """Writes checkpoints/checkpoint_<updates>.pt, and with learner.checkpoint_replay the replay contents

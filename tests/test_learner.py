@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 
 from envs import EnvSpec
 from rl_dqn.config import load_config
+from rl_dqn.evaluate import load_player
 from rl_dqn.learner import Learner
 from rl_dqn.types import Chunk
 
@@ -129,3 +131,32 @@ def test_checkpoints_are_complete_pruned_and_resume_everything(tmp_path):
     fresh.step()
     learner.step()
     assert all(torch.equal(x, y) for x, y in zip(fresh.network.parameters(), learner.network.parameters()))
+
+
+def test_the_best_evaluated_network_is_kept_with_its_score(tmp_path):
+    learner = make_learner(tmp_path, "eval.every_env_steps=60", "eval.episodes=3", "eval.epsilon=0")
+    played, scores = [], []
+    try:
+        for seq in range(3):
+            learner.ingest(chain_chunk(0, seq, episodes=30))
+            for _ in range(5):
+                learner.step()                     # new weights for each round
+            learner._evaluate()                    # a real evaluator process plays CartPole with them
+            played.append({k: v.clone() for k, v in learner._eval_state.items()})
+            deadline = time.monotonic() + 60
+            while learner.evaluator.busy and time.monotonic() < deadline:
+                learner._evaluate()
+                time.sleep(0.05)
+            assert not learner.evaluator.busy, "no evaluation result in 60 s"
+            scores.append(learner._last_eval[0])
+            # best.pt: the weights that round played when it beat every earlier round, with its score.
+            best = torch.load(tmp_path / "checkpoints/best.pt", weights_only=True)
+            first_best = scores.index(max(scores))
+            assert best["eval"]["mean"] == max(scores) == learner._best_eval
+            assert best["eval"]["episodes"] == 3
+            assert all(torch.equal(best["network"][k], v) for k, v in played[first_best].items())
+    finally:
+        learner._close_evaluator()
+    assert len({tuple(v.flatten()[:4].tolist()) for p in played for v in [p["head.weight"]]}) == 3
+    cfg, network = load_player(tmp_path / "checkpoints/best.pt")   # play.sh can play it
+    assert cfg.env.id == "CartPole-v1" and network.head.out_features == 2
