@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -97,6 +98,8 @@ def test_smoke_run_end_to_end(smoke):
     assert values.get("eval/episode_return") and values.get("eval/episode_return_vs_seconds")
     assert all(-21 <= r <= 21 for r in values["eval/episode_return"])
     assert summary["best_eval_return"] == max(values["eval/episode_return"])
+    best = torch.load(run_dir / "checkpoints/best.pt", weights_only=True)   # the best round's network, kept
+    assert best["eval"]["mean"] == summary["best_eval_return"] and best["eval"]["episodes"] == 2
     assert max(values["weights/version"]) > 0
     written = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert written == to_dict(load_config(ROOT / "configs/smoke.yaml", [
@@ -164,6 +167,7 @@ def test_console_shows_progress_with_an_eta_and_a_final_summary(smoke):
     assert re.search(r"\[learner\] done after \S+: [\d,]+ env steps", output)
     assert re.search(r"\[learner\] eval: last -?\d+\.\d\d \+- \d+\.\d\d \(at [\d,]+ env steps\), best", output)
     assert f"[learner] newest checkpoint {run_dir}/checkpoints/checkpoint_" in output
+    assert f"[learner] best evaluated network {run_dir}/checkpoints/best.pt (score " in output
 
 
 def test_play_prints_the_score_and_records_a_video_that_decodes(smoke, tmp_path):
@@ -195,9 +199,13 @@ def test_play_prints_the_score_and_records_a_video_that_decodes(smoke, tmp_path)
     checkpoint = sorted((run_dir / "checkpoints").glob("checkpoint_*.pt"))[0]
     code, output = finish(launch("play.sh", str(checkpoint), "--episodes", "1", env=env), timeout=120)
     assert code == 0 and f"{checkpoint}: 1 episodes" in output, output
+    code, output = finish(launch("play.sh", str(run_dir), "--best", "--episodes", "1", env=env), timeout=120)
+    assert code == 0 and f"{run_dir / 'checkpoints/best.pt'}: 1 episodes" in output, output
     for args in (["--video", str(tmp_path / "x.avi")], ["--episodes", "0"]):
         code, output = finish(launch("play.sh", str(run_dir), *args, env=env), timeout=60)
         assert code == 2 and "Traceback" not in output, output
+    code, output = finish(launch("play.sh", str(checkpoint), "--best", env=env), timeout=60)
+    assert code == 2 and "--best takes a run folder, not a checkpoint file" in output, output
     code, output = finish(launch("play.sh", str(tmp_path / "nothing"), env=env), timeout=60)
     assert code == 2 and output.strip() == f"play: error: {tmp_path / 'nothing'} is neither a run folder nor a " \
                                            f"checkpoint file", output
