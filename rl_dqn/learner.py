@@ -98,6 +98,7 @@ class Learner:
         self._first_data_time: float | None = None
         self._first_data_steps = 0
         self._training_start: tuple[float, int, int] | None = None   # (when, env steps, updates)
+        self._finished: float | None = None   # when the run stopped taking data and training (before the final save)
         self.board = Board(run_dir, cfg)
         self.evaluator: Evaluator | None = None
         self._next_eval = cfg.eval.every_env_steps
@@ -379,6 +380,7 @@ class Learner:
         """Final checkpoint, metrics and summary, then stop the collectors and leave. Safe to call twice."""
         if self.board is None:
             return
+        self._finished = self._finished or time.monotonic()
         self._close_evaluator()
         try:
             self.save_checkpoint()
@@ -550,8 +552,11 @@ class Learner:
                        + ("" if replay is not None else " (the checkpoint holds no replay)"))
 
     def write_summary(self) -> None:
-        """runs/<name>/summary.json: what the run did, for people and scripts (benchmarks, tests)."""
+        """runs/<name>/summary.json: what the run did, for people and scripts (benchmarks, tests). Its rates end
+        where the run stopped training; `wall_s` includes the final checkpoint, which takes seconds with a large
+        replay."""
         now = time.monotonic()
+        end = self._finished or now
         summary = {
             "env_steps": self.env_steps, "updates": self.updates, "weights_version": self.weights_version,
             "wall_s": now - self._started, "replay_size": len(self.replay),
@@ -561,12 +566,12 @@ class Learner:
             "lost_collectors": dict(self.transport.lost) if self.transport is not None else {},
             "rejected_chunks": dict(self.rejected), "dropped_chunks": self.dropped_chunks,
         }
-        if self._first_data_time is not None and now > self._first_data_time:
-            summary["env_steps_per_s"] = (self.env_steps - self._first_data_steps) / (now - self._first_data_time)
-        if self._training_start is not None and now > self._training_start[0]:
+        if self._first_data_time is not None and end > self._first_data_time:
+            summary["env_steps_per_s"] = (self.env_steps - self._first_data_steps) / (end - self._first_data_time)
+        if self._training_start is not None and end > self._training_start[0]:
             since, steps, updates = self._training_start
-            summary["env_steps_per_s_training"] = (self.env_steps - steps) / (now - since)
-            summary["updates_per_s_training"] = (self.updates - updates) / (now - since)
+            summary["env_steps_per_s_training"] = (self.env_steps - steps) / (end - since)
+            summary["updates_per_s_training"] = (self.updates - updates) / (end - since)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
 
 

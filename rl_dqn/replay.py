@@ -32,6 +32,10 @@ from rl_dqn.sumtree import SumTree
 from rl_dqn.types import Chunk
 
 
+# Stores laid out [lane, position in the lane's ring, ...]: saved up to the furthest position written.
+_PER_LANE = ("frames", "actions", "rewards", "terminated", "first", "q_taken", "q_max")
+
+
 class Batch(NamedTuple):
     obs: torch.Tensor          # [B, S, *frame_shape]
     actions: torch.Tensor      # [B] int64
@@ -142,19 +146,33 @@ class ReplayMemory:
         return stores
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Everything the memory holds (tensors on its device)."""
-        return dict(self._stores())
+        """Everything the memory holds (tensors on its device). Of each lane only the positions written so far are
+        kept, so a memory far from full saves in proportion to what it holds, not to its capacity."""
+        filled = int(self.written.max().clamp(max=self.lane_capacity))
+        return {name: store[:, :filled].clone() if name in _PER_LANE and filled < self.lane_capacity else store
+                for name, store in self._stores().items()}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Restores what `state_dict` saved, into a memory of the same capacity, lanes and frame shape."""
+        mismatch = ("train.replay_capacity, the number of collectors, env.envs_per_collector and the env must stay "
+                    "the same")
+        frames = state.get("frames")
+        filled = frames.shape[1] if isinstance(frames, torch.Tensor) and frames.dim() > 1 else -1
         for name, store in self._stores().items():
             if name not in state:
                 raise ValueError(f"the saved replay has no {name!r}")
-            if state[name].shape != store.shape or state[name].dtype != store.dtype:
-                raise ValueError(f"the saved replay's {name} is {tuple(state[name].shape)} {state[name].dtype}, "
-                                 f"this one's {tuple(store.shape)} {store.dtype}: train.replay_capacity, the "
-                                 f"number of collectors, env.envs_per_collector and the env must stay the same")
-            if name != "priorities":
+            saved = state[name]
+            want = (store.shape[0], filled, *store.shape[2:]) if name in _PER_LANE else tuple(store.shape)
+            if saved.dtype != store.dtype or tuple(saved.shape) != want or filled > self.lane_capacity:
+                raise ValueError(f"the saved replay's {name} is {tuple(saved.shape)} {saved.dtype}, this one's "
+                                 f"{tuple(store.shape)} {store.dtype}: {mismatch}")
+        if int(state["written"].max().clamp(max=self.lane_capacity)) > filled:
+            raise ValueError("the saved replay holds fewer steps per lane than its counts say were written")
+        for name, store in self._stores().items():
+            if name in _PER_LANE:
+                store[:, :filled] = state[name]
+                store[:, filled:] = 0
+            elif name != "priorities":
                 store.copy_(state[name])
         self.tree.set(torch.arange(self.tree.capacity, device=self.device), state["priorities"].to(self.device))
         self._ready = bool(self.tree.total() > 0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -102,6 +103,22 @@ def test_target_network_follows_every_target_update_updates(tmp_path):
     assert any(not torch.equal(online[k], target[k]) for k in online)
     learner.step()
     assert all(torch.equal(online[k], learner.target.state_dict()[k]) for k in online)
+
+
+def test_the_summary_rates_end_where_training_ended_not_after_the_final_save(tmp_path):
+    learner = make_learner(tmp_path)
+    learner.ingest(chain_chunk(0, 0, episodes=30))
+    for _ in range(3):
+        learner.step()
+    learner.close()     # the final checkpoint, then summary.json
+    first = json.loads((tmp_path / "summary.json").read_text())
+    time.sleep(0.3)     # a slow save would add this much before the summary is written
+    learner.write_summary()
+    again = json.loads((tmp_path / "summary.json").read_text())
+    assert first["updates_per_s_training"] > 0
+    assert again["updates_per_s_training"] == first["updates_per_s_training"]
+    assert again["env_steps_per_s"] == first["env_steps_per_s"]
+    assert again["wall_s"] >= first["wall_s"] + 0.3
 
 
 def test_checkpoints_are_complete_pruned_and_resume_everything(tmp_path):

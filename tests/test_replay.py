@@ -141,6 +141,44 @@ def test_a_lane_that_wraps_never_draws_a_stack_it_lost():
         assert drawable == {k + 1 for k in range(low, written - 2)}, (start, drawable)
 
 
+def test_a_saved_memory_holds_what_was_written_and_restores_to_the_same_draws(tmp_path):
+    def memory():
+        return ReplayMemory(capacity=2_000, num_lanes=2, frame_shape=(84, 84), frame_dtype=torch.uint8,
+                            frame_stack=4, n_step=3, prioritized=True)
+
+    def chunk(steps, start):
+        frames = (torch.arange(start, start + steps * 2) % 251).to(torch.uint8).view(steps, 2, 1, 1)
+        return Chunk(0, 0, 0, frames.expand(steps, 2, 84, 84).contiguous(), torch.zeros(steps, 2, dtype=torch.int64),
+                     torch.ones(steps, 2), torch.zeros(steps, 2, dtype=torch.bool),
+                     (torch.arange(steps) == 0).view(steps, 1).expand(steps, 2) & (start == 0),
+                     torch.zeros(0, dtype=torch.float64), torch.zeros(0, dtype=torch.int64))
+
+    replay = memory()
+    for start in range(0, 100, 20):
+        replay.extend(0, chunk(10, start))
+    path = tmp_path / "replay.pt"
+    torch.save(replay.state_dict(), path)
+    # 50 of the 1,000 positions of each lane written: the file holds those frames, not the memory's capacity.
+    assert 2 * 50 * 84 * 84 < path.stat().st_size < 2 * 60 * 84 * 84 + 100_000
+    for source in (replay, None):
+        if source is None:     # and once more, after the lanes have wrapped: then every position is saved
+            for start in range(100, 2_500, 20):
+                replay.extend(0, chunk(10, start))
+            torch.save(replay.state_dict(), path)
+        restored = memory()
+        restored.load_state_dict(torch.load(path, weights_only=True))
+        for store in ("frames", "actions", "rewards", "first", "written"):
+            assert torch.equal(getattr(restored, store), getattr(replay, store)), store
+        a, b = (m.sample(64, torch.Generator().manual_seed(3), beta=0.4) for m in (replay, restored))
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+    saved = replay.state_dict()
+    with pytest.raises(ValueError, match="frames"):
+        memory().load_state_dict(saved | {"frames": saved["frames"][:1]})
+    cut = {name: value[:, :10] if value.dim() > 1 else value for name, value in memory().state_dict().items()}
+    with pytest.raises(ValueError, match="fewer steps per lane"):
+        memory().load_state_dict(cut | {"written": torch.tensor([50, 50])})
+
+
 def test_memory_per_transition_is_one_frame_plus_scalars():
     replay = ReplayMemory(capacity=100_000, num_lanes=4, frame_shape=(84, 84), frame_dtype=torch.uint8,
                           frame_stack=4)
