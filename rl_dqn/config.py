@@ -235,8 +235,8 @@ class LearnerConfig:
     checkpoint_every_updates: int = 50_000
     """updates between checkpoints (one is also written when the run ends)"""
     checkpoint_replay: bool = True
-    """checkpoints also hold the replay contents (the newest checkpoint's only; about 7 GB per million Atari
-    transitions), so a resumed run has the data it had"""
+    """checkpoints also hold the replay contents (the newest checkpoint's only; about 7 KB per Atari transition
+    held, 7 GB once a million are), so a resumed run has the data it had"""
     keep_checkpoints: int = 3
     """newest checkpoints kept in runs/<name>/checkpoints/"""
 
