@@ -31,8 +31,13 @@ from rl_dqn.video import FORMATS, VideoError, VideoFile, fps_of, gif_bytes
 BEST_CHECKPOINT = "best.pt"    # in checkpoints/: the network that scored best in the run's evaluations
 
 
+def best_path(run_dir: Path) -> Path:
+    """Where a run keeps the network its evaluations scored best (it may not exist yet)."""
+    return run_dir / "checkpoints" / BEST_CHECKPOINT
+
+
 def best_checkpoint(run_dir: Path) -> Path:
-    path = run_dir / "checkpoints" / BEST_CHECKPOINT
+    path = best_path(run_dir)
     if not path.is_file():
         raise FileNotFoundError(f"no {BEST_CHECKPOINT} in {run_dir / 'checkpoints'}: the run finished no "
                                 f"evaluation (eval.every_env_steps)")

@@ -18,7 +18,7 @@ import torch
 from envs import EnvSpec
 from rl_dqn import dqn
 from rl_dqn.config import Config, to_dict
-from rl_dqn.evaluate import BEST_CHECKPOINT, EvalResult, Evaluator
+from rl_dqn.evaluate import EvalResult, Evaluator, best_path
 from rl_dqn.console import duration, progress, say
 from rl_dqn.metrics import Board, RateMeter
 from rl_dqn.network import QNetwork
@@ -380,7 +380,7 @@ class Learner:
         """Final checkpoint, metrics and summary, then stop the collectors and leave. Safe to call twice."""
         if self.board is None:
             return
-        self._finished = self._finished or time.monotonic()
+        self._finished = time.monotonic()
         self._close_evaluator()
         try:
             self.save_checkpoint()
@@ -476,7 +476,7 @@ class Learner:
         if checkpoints:
             lines.append(f"newest checkpoint {checkpoints[-1]} (watch it: ./launch/play.sh {self.run_dir} "
                          f"--video episode.mp4; continue the run: run.resume=true run.name={self.run_dir.name})")
-        if (best := self.run_dir / "checkpoints" / BEST_CHECKPOINT).is_file():
+        if (best := best_path(self.run_dir)).is_file():
             lines.append(f"best evaluated network {best} (score {self._best_eval:.2f}; ./launch/play.sh "
                          f"{self.run_dir} --best)")
         return lines
@@ -503,7 +503,7 @@ class Learner:
         """checkpoints/best.pt: the network that scored best in the run's evaluations so far (the weights that
         round played, not the newer ones trained since), with its score. DQN's score can fall again after a peak,
         so this is the one to keep (`./launch/play.sh runs/<name> --best`); it holds no optimizer state."""
-        path = self.run_dir / "checkpoints" / BEST_CHECKPOINT
+        path = best_path(self.run_dir)
         path.parent.mkdir(parents=True, exist_ok=True)
         _save_atomically({"network": state, "eval": {"mean": mean, "std": std, "episodes": len(result.scores),
                                                      "env_steps": result.env_steps,

@@ -157,13 +157,15 @@ class ReplayMemory:
         mismatch = ("train.replay_capacity, the number of collectors, env.envs_per_collector and the env must stay "
                     "the same")
         frames = state.get("frames")
-        filled = frames.shape[1] if isinstance(frames, torch.Tensor) and frames.dim() > 1 else -1
+        # Steps saved per lane; -1 (refused below, naming the frames) when there is no such count that fits here.
+        fits = isinstance(frames, torch.Tensor) and frames.dim() > 1 and frames.shape[1] <= self.lane_capacity
+        filled = frames.shape[1] if fits else -1
         for name, store in self._stores().items():
             if name not in state:
                 raise ValueError(f"the saved replay has no {name!r}")
             saved = state[name]
             want = (store.shape[0], filled, *store.shape[2:]) if name in _PER_LANE else tuple(store.shape)
-            if saved.dtype != store.dtype or tuple(saved.shape) != want or filled > self.lane_capacity:
+            if saved.dtype != store.dtype or tuple(saved.shape) != want:
                 raise ValueError(f"the saved replay's {name} is {tuple(saved.shape)} {saved.dtype}, this one's "
                                  f"{tuple(store.shape)} {store.dtype}: {mismatch}")
         if int(state["written"].max().clamp(max=self.lane_capacity)) > filled:
