@@ -256,6 +256,7 @@ def _learner(cfg: Config, args) -> int:
     import torch
     from rl_dqn.evaluate import latest_checkpoint
     from rl_dqn.learner import Learner
+    from rl_dqn.system import keep_freed_memory
     from rl_dqn.transport import LearnerTransport, TransportError
     if not cfg.cluster.single_node:
         _require_cluster(cfg, collector_node=False)
@@ -266,6 +267,7 @@ def _learner(cfg: Config, args) -> int:
     folder = _make_run_dir(cfg)
     stop = _stop_on_signals()
     torch.set_num_threads(cfg.learner.torch_threads or os.cpu_count() or 1)
+    keep_freed_memory()
     save_config(cfg, folder / "config.yaml")
     learner = Learner(cfg, spec, folder, stop=stop, device=placement.device)
     if cfg.run.resume:
@@ -288,6 +290,7 @@ def _learner(cfg: Config, args) -> int:
 def _collector(cfg: Config, args) -> int:
     """One collector process in slot cluster.rank + local index - 1; it may replace one that died."""
     from rl_dqn.collector import Collector
+    from rl_dqn.system import keep_freed_memory
     from rl_dqn.transport import CollectorTransport, TransportError
     rank = cfg.cluster.rank + args.local_index
     if rank < 1 or rank >= cfg.world_size:
@@ -303,6 +306,7 @@ def _collector(cfg: Config, args) -> int:
     placement = _placement(cfg, rank)
     name = f"collector{rank - 1}"
     stop = _stop_on_signals()
+    keep_freed_memory()
     transport = None
     try:
         transport = CollectorTransport(cfg, rank - 1, stop, placement)

@@ -234,8 +234,9 @@ class Learner:
         batch = self.replay.sample(t.batch_size, self.generator, beta)
         q = self.network(batch.obs).gather(1, batch.actions[:, None]).squeeze(1)
         with torch.no_grad():
-            targets = dqn.double_dqn_target(batch.returns, batch.discounts, self.network(batch.next_obs),
-                                            self.target(batch.next_obs))
+            next_inputs = self.network.inputs(batch.next_obs)        # scaled once for both networks
+            targets = dqn.double_dqn_target(batch.returns, batch.discounts, self.network(next_inputs),
+                                            self.target(next_inputs))
         loss = dqn.td_loss(q, targets, batch.weights if t.prioritized else None)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -12,8 +12,8 @@ class QNetwork(nn.Module):
     """Nature DQN's CNN for stacked 84x84 frames (Mnih et al. 2015), or an MLP for vector observations, with a
     plain or a dueling head (Wang et al. 2016, https://arxiv.org/abs/1511.06581).
 
-    Observations are `[B, stack, *frame_shape]` in their stored dtype; uint8 frames are scaled to [0, 1] here so
-    that collectors and the replay memory keep bytes.
+    Observations are `[B, stack, *frame_shape]` in their stored dtype; uint8 frames are scaled to [0, 1] here
+    (`inputs()`) so that collectors and the replay memory keep bytes.
 
     With `precision="bf16"` the torso and the hidden layers of the head run under autocast in bfloat16 while the
     parameters stay float32; the output layers always run in float32, because bfloat16 keeps about 3 significant
@@ -59,10 +59,17 @@ class QNetwork(nn.Module):
         """The network that `network_cfg` (a config's `network` section) describes."""
         return cls(obs_shape, num_actions, network_cfg.mlp_hidden, network_cfg.dueling, network_cfg.precision)
 
+    def inputs(self, obs: torch.Tensor) -> torch.Tensor:
+        """What the first layer takes: uint8 frames scaled to [0, 1] in the compute dtype, in one pass over the
+        batch (the division in float32, stored in bfloat16 under bf16), other observations as float32. forward()
+        calls it; a caller that feeds one batch to two networks (the learner's s' to the online and the target
+        network) calls it once and passes its result, which it returns unchanged."""
+        if obs.dtype == torch.uint8:
+            return torch.div(obs, 255.0, out=torch.empty(obs.shape, dtype=self.compute_dtype, device=obs.device))
+        return obs if obs.dtype == self.compute_dtype else obs.float()
+
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        x = obs.float()
-        if self.is_image:
-            x = x / 255.0
+        x = self.inputs(obs)
         mixed = self.compute_dtype != torch.float32
         with torch.autocast(x.device.type, dtype=self.compute_dtype, enabled=mixed):
             features = self.torso(x)

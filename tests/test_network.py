@@ -1,4 +1,4 @@
-"""The Q-network: the dueling head's composition, and bfloat16 compute that keeps small action gaps."""
+"""The Q-network: the dueling head's composition, bfloat16 compute that keeps small action gaps, scaled inputs."""
 
 from __future__ import annotations
 
@@ -48,3 +48,17 @@ def test_mixed_precision_keeps_an_action_gap_far_below_bfloat16_resolution():
         q = net(torch.randn(3, 4))
         assert q.argmax(1).tolist() == [1, 1, 1]
         torch.testing.assert_close(q[:, 1] - q[:, 0], torch.full((3,), 0.002), atol=1e-5, rtol=0)
+
+
+def test_inputs_scale_frames_once_in_the_compute_dtype_and_pass_their_own_result_through():
+    obs = torch.randint(0, 256, (3, 4, 84, 84), dtype=torch.uint8)
+    for precision in ("fp32", "bf16"):
+        net = QNetwork((4, 84, 84), 6, precision=precision)
+        x = net.inputs(obs)
+        assert x.dtype == net.compute_dtype
+        assert torch.equal(x, (obs.float() / 255.0).to(net.compute_dtype))
+        assert net.inputs(x) is x
+        with torch.no_grad():
+            assert torch.equal(net(x), net(obs))
+    vector = QNetwork((4,), 2, mlp_hidden=(16,), precision="bf16")
+    assert vector.inputs(torch.ones(2, 4, dtype=torch.float64)).dtype == torch.float32

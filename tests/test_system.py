@@ -1,0 +1,57 @@
+"""The process setting every role takes: malloc keeps freed memory instead of faulting it back in every update."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Page faults per update of configs/pong.yaml's learner on CPU (its chunks, from random frames), in a process of
+# its own because the setting holds for the whole process.
+_FAULTS_PER_UPDATE = """
+import resource, sys, tempfile, torch
+from pathlib import Path
+from envs import EnvSpec
+from rl_dqn.config import load_config
+from rl_dqn.learner import Learner
+from rl_dqn.system import keep_freed_memory
+from rl_dqn.types import Chunk
+kept = sys.argv[1] == "kept" and keep_freed_memory()
+torch.set_num_threads(2)
+cfg = load_config("configs/pong.yaml", ["run.name=t", "train.replay_capacity=4096", "train.learning_starts=32",
+                                        "learner.device=cpu"])
+learner = Learner(cfg, EnvSpec((4, 84, 84), torch.uint8, 6), Path(tempfile.mkdtemp()))
+T, E = cfg.collectors.chunk_steps, cfg.env.envs_per_collector
+for seq in range(4):
+    for collector in range(cfg.num_collectors):
+        learner.ingest(Chunk(collector, seq, 0, torch.randint(0, 255, (T, E, 84, 84), dtype=torch.uint8),
+                             torch.randint(0, 6, (T, E)), torch.zeros(T, E), torch.zeros(T, E, dtype=torch.bool),
+                             torch.zeros(T, E, dtype=torch.bool), torch.zeros(0, dtype=torch.float64),
+                             torch.zeros(0, dtype=torch.int64)))
+for _ in range(10):
+    learner.step()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(20):
+    learner.step()
+print(kept, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 20)
+learner.board.close()
+"""
+
+
+def _faults_per_update(mode: str) -> tuple[bool, float]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES"))}
+    env["PYTHONPATH"] = str(ROOT)
+    out = subprocess.run([sys.executable, "-c", _FAULTS_PER_UPDATE, mode], cwd=ROOT, env=env, capture_output=True,
+                         text=True, check=True).stdout.split()
+    return out[0] == "True", float(out[1])
+
+
+def test_learner_updates_reuse_freed_memory_instead_of_faulting_it_back_in():
+    _, default = _faults_per_update("default")
+    kept, faults = _faults_per_update("kept")
+    assert kept
+    assert default > 500, f"{default} page faults per update with malloc's defaults"
+    assert faults < default / 20, f"{faults} page faults per update kept, {default} with malloc's defaults"
