@@ -119,7 +119,7 @@ class Collector:
 
     def _loop(self, env: VectorEnv) -> None:
         cfg, E, device = self.cfg, self.cfg.env.envs_per_collector, self.policy_device
-        net = QNetwork.for_env(env.spec.obs_shape, env.spec.num_actions, cfg.network).to(device).eval()
+        net = QNetwork.for_env(env.spec.obs_shape, env.spec.num_actions, cfg.network).to(device).for_acting()
         generator = torch.Generator(device=device).manual_seed(self.seed)
         weights = self.transport.wait_weights(cfg.cluster.join_timeout_s)
         if weights is None:

@@ -87,7 +87,7 @@ def load_player(checkpoint: Path) -> tuple[Config, QNetwork]:
     spec = state["spec"]
     network = QNetwork.for_env(tuple(spec["obs_shape"]), spec["num_actions"], cfg.network)
     network.load_state_dict(state["network"])
-    return cfg, network.eval()
+    return cfg, network.for_acting()
 
 
 def evaluate(checkpoint: Path, episodes: int = 20, epsilon: float | None = None, seed: int = 12345,
@@ -161,7 +161,7 @@ def _evaluator_main(cfg_dict: dict, requests, results) -> None:
     try:
         record = cfg.eval.video_max_steps if cfg.eval.video else 0
         env = make_vector_env(cfg.env, cfg.eval.episodes, seed=cfg.run.seed * 100_000 + 99_999, screen=record > 0)
-        network = QNetwork.for_env(env.spec.obs_shape, env.spec.num_actions, cfg.network).eval()
+        network = QNetwork.for_env(env.spec.obs_shape, env.spec.num_actions, cfg.network).for_acting()
         generator = torch.Generator().manual_seed(cfg.run.seed + 99_999)
         while (request := requests.get()) is not None:
             state, env_steps, elapsed_s, version = request

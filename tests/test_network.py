@@ -62,3 +62,18 @@ def test_inputs_scale_frames_once_in_the_compute_dtype_and_pass_their_own_result
             assert torch.equal(net(x), net(obs))
     vector = QNetwork((4,), 2, mlp_hidden=(16,), precision="bf16")
     assert vector.inputs(torch.ones(2, 4, dtype=torch.float64)).dtype == torch.float32
+
+
+def test_a_network_for_acting_stores_bfloat16_weights_and_gives_the_same_q_values():
+    torch.manual_seed(0)
+    obs = torch.randint(0, 256, (8, 4, 84, 84), dtype=torch.uint8)
+    for dueling in (False, True):
+        trained = QNetwork((4, 84, 84), 6, dueling=dueling, precision="bf16")
+        acting = QNetwork((4, 84, 84), 6, dueling=dueling, precision="bf16").for_acting()
+        acting.load_state_dict(trained.state_dict())
+        assert not acting.training
+        hidden = [acting.torso, acting.head_hidden, *([acting.value_hidden] if dueling else [])]
+        assert {p.dtype for layer in hidden for p in layer.parameters()} == {torch.bfloat16}
+        assert acting.head.weight.dtype == torch.float32
+        with torch.no_grad():
+            assert torch.equal(acting(obs), trained(obs))
