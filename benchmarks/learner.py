@@ -1,12 +1,15 @@
 """Learner speed on its own: updates/s and samples/s at several batch sizes, and the share of sampling in an update.
 
     python benchmarks/learner.py [--seconds 10] [--batches 32,256,512] [--devices cpu,cuda] [--replay 200000]
+                                 [--overlap on,off]
 
 For each device present (CPU, and the GPU when there is one), each batch size and each of: uniform 1-step replay
 (configs/pong.yaml) and prioritized 3-step replay with a dueling network (configs/pong_apex.yaml), each with the
 network in float32 and in bfloat16, it fills a replay of Pong-shaped frames on that device and times
-Learner.step() (sample, Double DQN update, new priorities) and replay.sample() alone. The CPU runs with all cores
-as torch threads.
+Learner.step() (sample, Double DQN update, new priorities) and replay.sample() alone, with the next batch prepared
+on a second thread (learner.overlap, the default) and without. Torch threads are the learner process's: all cores,
+shared out between the two threads under overlap. "CPU ms" is the process's CPU time per update, which on a small
+machine is what the collectors and the learner share.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from envs import EnvSpec  # noqa: E402
 from rl_dqn.config import load_config  # noqa: E402
-from rl_dqn.learner import Learner  # noqa: E402
+from rl_dqn.learner import Learner, torch_threads  # noqa: E402
 from rl_dqn.system import keep_freed_memory  # noqa: E402
 from rl_dqn.types import Chunk  # noqa: E402
 
@@ -43,19 +46,19 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed(call, device: torch.device, seconds: float) -> float:
-    """Seconds per call, after a warm-up, over about `seconds`."""
+def timed(call, device: torch.device, seconds: float) -> tuple[float, float]:
+    """Seconds per call and the process's CPU seconds per call, after a warm-up, over about `seconds`."""
     for _ in range(5):
         call()
     synchronize(device)
-    calls, started = 0, time.perf_counter()
+    calls, started, cpu = 0, time.perf_counter(), time.process_time()
     while time.perf_counter() - started < seconds:
         call()
         calls += 1
         if calls % 10 == 0:
             synchronize(device)
     synchronize(device)
-    return (time.perf_counter() - started) / calls
+    return (time.perf_counter() - started) / calls, (time.process_time() - cpu) / calls
 
 
 def filled_learner(config: str, overrides: list[str], device: str, batch: int, transitions: int,
@@ -79,13 +82,14 @@ def filled_learner(config: str, overrides: list[str], device: str, batch: int, t
     return learner
 
 
-def measure(learner: Learner, seconds: float) -> tuple[float, float]:
-    """Seconds per update, and per sample() alone."""
+def measure(learner: Learner, seconds: float) -> tuple[float, float, float]:
+    """Seconds per update, the process's CPU seconds per update, and seconds per sample() alone."""
+    torch.set_num_threads(torch_threads(learner.cfg))
     replay, generator, batch = learner.replay, learner.generator, learner.cfg.train.batch_size
-    step = timed(learner.step, learner.device, seconds)
-    sample = timed(lambda: replay.sample(batch, generator, 0.5), learner.device, seconds / 2)
+    step, cpu = timed(learner.step, learner.device, seconds)
+    sample, _ = timed(lambda: replay.sample(batch, generator, 0.5), learner.device, seconds / 2)
     learner.board.close()
-    return step, sample
+    return step, cpu, sample
 
 
 def main() -> None:
@@ -94,22 +98,25 @@ def main() -> None:
     parser.add_argument("--batches", default="32,256,512")
     parser.add_argument("--devices", default="cpu,cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--replay", type=int, default=200_000, help="transitions in the replay")
+    parser.add_argument("--overlap", default="on,off", help="learner.overlap settings to measure: on, off or both")
     args = parser.parse_args()
-    torch.set_num_threads(os.cpu_count() or 1)
     keep_freed_memory()   # as the learner process does
     gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
     print(f"rl_dqn learner on {os.cpu_count()} CPU cores{gpu}, torch {torch.__version__}, replay "
           f"{args.replay:,} Pong transitions ({time.strftime('%Y-%m-%d')})", flush=True)
-    print(f"  {'device':<6} {'replay and network':<28} {'batch':>5} {'updates/s':>10} {'samples/s':>10} "
-          f"{'sampling share':>15}", flush=True)
+    print(f"  {'device':<6} {'replay and network':<28} {'overlap':>7} {'batch':>5} {'updates/s':>10} "
+          f"{'samples/s':>10} {'CPU ms':>8} {'sampling share':>15}", flush=True)
     for device in args.devices.split(","):
         for label, (config, overrides) in SETUPS.items():
             for batch in (int(b) for b in args.batches.split(",")):
-                with tempfile.TemporaryDirectory() as run_dir:
-                    step, sample = measure(filled_learner(config, overrides, device, batch, args.replay,
-                                                          Path(run_dir)), args.seconds)
-                print(f"  {device:<6} {label:<28} {batch:>5} {1 / step:>10,.1f} {batch / step:>10,.0f} "
-                      f"{sample / step:>14.0%}", flush=True)
+                for overlap in args.overlap.split(","):
+                    flag = {"on": "true", "off": "false"}[overlap]
+                    with tempfile.TemporaryDirectory() as run_dir:
+                        learner = filled_learner(config, [*overrides, f"learner.overlap={flag}"], device, batch,
+                                                 args.replay, Path(run_dir))
+                        step, cpu, sample = measure(learner, args.seconds)
+                    print(f"  {device:<6} {label:<28} {overlap:>7} {batch:>5} {1 / step:>10,.1f} "
+                          f"{batch / step:>10,.0f} {cpu * 1e3:>8.1f} {sample / step:>14.0%}", flush=True)
 
 
 if __name__ == "__main__":

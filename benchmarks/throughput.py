@@ -40,7 +40,7 @@ from envs import make_vector_env  # noqa: E402
 from rl_dqn import dqn  # noqa: E402
 from rl_dqn.collector import ChunkBuilder  # noqa: E402
 from rl_dqn.config import load_config  # noqa: E402
-from rl_dqn.learner import Learner  # noqa: E402
+from rl_dqn.learner import Learner, torch_threads  # noqa: E402
 from rl_dqn.network import QNetwork  # noqa: E402
 from rl_dqn.system import keep_freed_memory  # noqa: E402
 
@@ -145,11 +145,12 @@ def cleanrl(python: str, script: str, learning_starts: int, train_env_steps: int
     return steps[0] / elapsed[0], (steps[-1] - steps[0]) / (elapsed[-1] - elapsed[0])
 
 
-def learner_updates(cfg, threads: int, seconds: float) -> float:
-    """Learner.step() alone: batch 32 from a replay filled with Pong frames."""
+def learner_updates(cfg, seconds: float) -> float:
+    """Learner.step() alone, with the learner process's torch threads: batch 32 from a replay filled with Pong
+    frames."""
     from envs import describe_env
     from rl_dqn.types import Chunk
-    torch.set_num_threads(threads)
+    torch.set_num_threads(torch_threads(cfg))
     spec = describe_env(cfg.env)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, replay_capacity=50_000, learning_starts=32))
     with tempfile.TemporaryDirectory() as run_dir:
@@ -206,8 +207,7 @@ def main() -> None:
         report("  ... its learner updates/s (batch 32)", s["updates_per_s_training"], "updates/s")
     for precision in ("fp32", "bf16"):
         precise = dataclasses.replace(cfg, network=dataclasses.replace(cfg.network, precision=precision))
-        report(f"learner alone, 2 torch threads, batch 32, {precision}", learner_updates(precise, 2, args.seconds),
-               "updates/s")
+        report(f"learner alone, batch 32, {precision}", learner_updates(precise, args.seconds), "updates/s")
 
 
 if __name__ == "__main__":

@@ -255,7 +255,7 @@ def _role_error(role: str, message: str, code: int = 1) -> int:
 def _learner(cfg: Config, args) -> int:
     import torch
     from rl_dqn.evaluate import latest_checkpoint
-    from rl_dqn.learner import Learner
+    from rl_dqn.learner import Learner, torch_threads
     from rl_dqn.system import keep_freed_memory
     from rl_dqn.transport import LearnerTransport, TransportError
     if not cfg.cluster.single_node:
@@ -266,7 +266,7 @@ def _learner(cfg: Config, args) -> int:
     placement = _placement(cfg, 0)
     folder = _make_run_dir(cfg)
     stop = _stop_on_signals()
-    torch.set_num_threads(cfg.learner.torch_threads or os.cpu_count() or 1)
+    torch.set_num_threads(torch_threads(cfg))
     keep_freed_memory()
     save_config(cfg, folder / "config.yaml")
     learner = Learner(cfg, spec, folder, stop=stop, device=placement.device)

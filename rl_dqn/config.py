@@ -229,7 +229,14 @@ class LearnerConfig:
     device: str = "auto"
     """where the learner trains: `auto` (cuda when present, else cpu), `cpu`, `cuda` or `cuda:N`"""
     torch_threads: int = 0
-    """torch intra-op threads of the learner process; 0 = one per CPU core"""
+    """torch intra-op threads of each of the learner's compute threads (the training thread, and with
+    learner.overlap the one preparing batches); 0 = the CPU cores shared out among them"""
+    overlap: bool = True
+    """a second thread computes the online network's values of each batch's next observations while the training
+    thread computes those of its observations, then draws the next batch and evaluates the target network on it
+    during the backward pass and the optimizer step: on 2 CPU cores an update takes about a fifth less CPU time
+    than with both cores on each operation in turn. The same updates as without it, except that chunks arriving
+    during an update enter replay after the next batch was drawn"""
     publish_every_updates: int = 100
     """updates between weight broadcasts to the collectors"""
     checkpoint_every_updates: int = 50_000

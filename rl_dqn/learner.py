@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import copy
 import dataclasses
 import json
@@ -39,6 +40,12 @@ class _CollectorStats:
         self.system: tuple[float, ...] = ()     # its newest (CPU %, memory MB, GPU memory MB)
 
 
+def torch_threads(cfg: Config) -> int:
+    """Intra-op threads for each of the learner's compute threads: learner.torch_threads, or the CPU cores shared
+    out among them (see Learner.step())."""
+    return cfg.learner.torch_threads or max(1, (os.cpu_count() or 1) // (2 if cfg.learner.overlap else 1))
+
+
 class Learner:
     """Double DQN on a replay memory filled by the collectors, at a fixed replay ratio.
 
@@ -67,6 +74,11 @@ class Learner:
                                    prioritized=t.prioritized, alpha=t.priority_alpha, priority_eps=t.priority_eps,
                                    initial_priority=t.initial_priority)
         self.generator = torch.Generator(self.device).manual_seed(cfg.run.seed)
+        # learner.overlap: the helper thread prepares the next batch during an update (see step()).
+        self._helper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="learner-batches") \
+            if cfg.learner.overlap else None
+        self._prepared: concurrent.futures.Future | None = None
+        self._generator_before_prepared: torch.Tensor | None = None   # its state before the prepared batch
         self.env_steps = 0
         self.updates = 0
         self.weights_version = 0
@@ -226,23 +238,35 @@ class Learner:
 
     def step(self) -> None:
         """One Double DQN update on an n-step batch, drawn uniformly or by priority (then weighted by importance
-        and re-prioritized by its TD errors)."""
+        and re-prioritized by its TD errors).
+
+        With learner.overlap the helper thread computes the online network's values of s' while this thread
+        computes those of s, then samples the next batch and evaluates the target network on it while this one
+        runs the backward pass and the optimizer. Each side runs whole operations on its own cores, which on a
+        small CPU wastes less than splitting every operation over all of them. The helper is idle again when
+        step() returns, so replay inserts, checkpoints and target refreshes never run beside it."""
         t = self.cfg.train
         if self._training_start is None:
             self._training_start = (time.monotonic(), self.env_steps, self.updates)
-        beta = dqn.beta_schedule(self.env_steps, t.priority_beta, t.learning_starts, t.total_env_steps)
-        batch = self.replay.sample(t.batch_size, self.generator, beta)
+        batch, next_inputs, next_target = self._take_prepared() or self._prepare_batch()
+        if self._helper is not None:
+            next_online = self._helper.submit(self._online_values, next_inputs)
         q = self.network(batch.obs).gather(1, batch.actions[:, None]).squeeze(1)
         with torch.no_grad():
-            next_inputs = self.network.inputs(batch.next_obs)        # scaled once for both networks
-            targets = dqn.double_dqn_target(batch.returns, batch.discounts, self.network(next_inputs),
-                                            self.target(next_inputs))
+            online = next_online.result() if self._helper is not None else self._online_values(next_inputs)
+            targets = dqn.double_dqn_target(batch.returns, batch.discounts, online, next_target)
         loss = dqn.td_loss(q, targets, batch.weights if t.prioritized else None)
+        self.replay.update_priorities(batch.index, q.detach() - targets)   # before the next batch is drawn
+        # Not across a target refresh: the prepared batch's targets would come from the old target network.
+        if self._helper is not None and (self.updates + 1) % t.target_update_updates != 0:
+            self._generator_before_prepared = self.generator.get_state()
+            self._prepared = self._helper.submit(self._prepare_batch)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.network.parameters(), t.max_grad_norm)
         self.optimizer.step()
-        self.replay.update_priorities(batch.index, q.detach() - targets)
+        if self._prepared is not None:
+            concurrent.futures.wait([self._prepared])
         self.updates += 1
         self._update_meter.add(1)
         self._loss_sum += loss.detach()
@@ -253,6 +277,23 @@ class Learner:
             self.board.histogram("learner/td_errors", q - targets, self.env_steps)
         if self.updates % t.target_update_updates == 0:
             self.target.load_state_dict(self.network.state_dict())
+
+    def _prepare_batch(self) -> tuple:
+        """A batch, its next observations scaled for the networks, and the target network's values of them."""
+        t = self.cfg.train
+        beta = dqn.beta_schedule(self.env_steps, t.priority_beta, t.learning_starts, t.total_env_steps)
+        batch = self.replay.sample(t.batch_size, self.generator, beta)
+        with torch.no_grad():
+            next_inputs = self.network.inputs(batch.next_obs)        # scaled once for both networks
+            return batch, next_inputs, self.target(next_inputs)
+
+    def _online_values(self, next_inputs: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return self.network(next_inputs)
+
+    def _take_prepared(self) -> tuple | None:
+        prepared, self._prepared, self._generator_before_prepared = self._prepared, None, None
+        return prepared.result() if prepared is not None else None
 
     def weights(self) -> Weights:
         """A snapshot of the online network on the learner's device, detached from the copy that keeps training
@@ -383,6 +424,8 @@ class Learner:
             return
         self._finished = time.monotonic()
         self._close_evaluator()
+        if self._helper is not None:
+            self._helper.shutdown()
         try:
             self.save_checkpoint()
             self.log()
@@ -497,7 +540,9 @@ class Learner:
             # Schedules (epsilon, beta) follow from env_steps; these are the rest of the run's clock.
             "schedule": {"next_eval": self._next_eval, "best_eval": self._best_eval,
                          "elapsed_s": time.monotonic() - self._started},
-            "generator": self.generator.get_state(),
+            # A resumed run draws the batch that this one has prepared but not trained on yet.
+            "generator": self._generator_before_prepared if self._prepared is not None
+            else self.generator.get_state(),
         } | self._identity()
 
     def save_best(self, state: dict[str, torch.Tensor], result: EvalResult, mean: float, std: float) -> Path:
@@ -544,6 +589,7 @@ class Learner:
         self._next_eval, self._best_eval = schedule["next_eval"], schedule["best_eval"]
         self._started = time.monotonic() - schedule["elapsed_s"]
         self.generator.set_state(state["generator"])
+        self._take_prepared()
         replay = state.get("replay_file")
         if replay is not None:
             self.replay.load_state_dict(torch.load(path.parent / replay, map_location="cpu", weights_only=True))

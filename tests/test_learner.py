@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import torch
 from envs import EnvSpec
 from rl_dqn.config import load_config
 from rl_dqn.evaluate import load_player
-from rl_dqn.learner import Learner
+from rl_dqn.learner import Learner, torch_threads
 from rl_dqn.types import Chunk
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,6 +104,36 @@ def test_target_network_follows_every_target_update_updates(tmp_path):
     assert any(not torch.equal(online[k], target[k]) for k in online)
     learner.step()
     assert all(torch.equal(online[k], learner.target.state_dict()[k]) for k in online)
+
+
+def test_preparing_the_next_batch_beside_training_changes_no_update(tmp_path):
+    """learner.overlap draws the same batches from the same generator and computes the same targets as one thread
+    does: across target refreshes (every 20 updates here), with prioritized replay whose priorities from each
+    batch are written before the next batch is drawn. One-step targets, so that s0's bootstrap from s1 comes from
+    the target network (3-step returns of this chain all end at the terminal step)."""
+    learners = [make_learner(tmp_path / flag, f"learner.overlap={flag}", "train.n_step=1")
+                for flag in ("true", "false")]
+    for learner in learners:
+        learner.ingest(chain_chunk(0, 0, episodes=30))
+        for _ in range(45):
+            learner.step()
+    overlapped, plain = learners
+    assert overlapped.cfg.train.prioritized
+    assert overlapped._helper is not None and plain._helper is None
+    for a, b in ((overlapped.network, plain.network), (overlapped.target, plain.target)):
+        assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+    assert torch.equal(overlapped.replay.tree.levels[0], plain.replay.tree.levels[0])
+    assert not torch.equal(overlapped.network.head.weight, make_learner(tmp_path / "new").network.head.weight)
+
+
+def test_the_learner_shares_the_cores_out_among_its_compute_threads(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    cfg = load_config(ROOT / "configs/cartpole.yaml", ["run.name=t"])
+    assert cfg.learner.overlap and torch_threads(cfg) == 8
+    assert torch_threads(load_config(ROOT / "configs/cartpole.yaml", ["run.name=t", "learner.overlap=false"])) == 16
+    assert torch_threads(load_config(ROOT / "configs/cartpole.yaml", ["run.name=t", "learner.torch_threads=3"])) == 3
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    assert torch_threads(cfg) == 1
 
 
 def test_the_summary_rates_end_where_training_ended_not_after_the_final_save(tmp_path):
