@@ -92,13 +92,24 @@ def measure(learner: Learner, seconds: float) -> tuple[float, float, float]:
     return step, cpu, sample
 
 
+OVERLAP = {"on": "true", "off": "false"}
+
+
+def overlap_settings(text: str) -> list[str]:
+    settings = text.split(",")
+    if not settings or any(s not in OVERLAP for s in settings):
+        raise argparse.ArgumentTypeError(f"must be on, off or on,off, got {text!r}")
+    return settings
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds per measurement")
     parser.add_argument("--batches", default="32,256,512")
     parser.add_argument("--devices", default="cpu,cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--replay", type=int, default=200_000, help="transitions in the replay")
-    parser.add_argument("--overlap", default="on,off", help="learner.overlap settings to measure: on, off or both")
+    parser.add_argument("--overlap", default="on,off", type=overlap_settings,
+                        help="learner.overlap settings to measure: on, off or on,off")
     args = parser.parse_args()
     keep_freed_memory()   # as the learner process does
     gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
@@ -109,11 +120,11 @@ def main() -> None:
     for device in args.devices.split(","):
         for label, (config, overrides) in SETUPS.items():
             for batch in (int(b) for b in args.batches.split(",")):
-                for overlap in args.overlap.split(","):
-                    flag = {"on": "true", "off": "false"}[overlap]
+                for overlap in args.overlap:
                     with tempfile.TemporaryDirectory() as run_dir:
-                        learner = filled_learner(config, [*overrides, f"learner.overlap={flag}"], device, batch,
-                                                 args.replay, Path(run_dir))
+                        setting = f"learner.overlap={OVERLAP[overlap]}"
+                        learner = filled_learner(config, [*overrides, setting], device, batch, args.replay,
+                                                 Path(run_dir))
                         step, cpu, sample = measure(learner, args.seconds)
                     print(f"  {device:<6} {label:<28} {overlap:>7} {batch:>5} {1 / step:>10,.1f} "
                           f"{batch / step:>10,.0f} {cpu * 1e3:>8.1f} {sample / step:>14.0%}", flush=True)
