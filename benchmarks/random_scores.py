@@ -39,7 +39,7 @@ def main() -> int:
         cfg = load_config(path)
         env = make_vector_env(cfg.env, args.episodes, seed=args.seed)
         # Epsilon 1: the network is never consulted for the choice, only shaped for the env.
-        network = QNetwork.for_env(env.spec.obs_shape, env.spec.num_actions, cfg.network).eval()
+        network = QNetwork.for_env(env.spec.obs_shape, env.spec.num_actions, cfg.network, "cpu").eval()
         started = time.monotonic()
         try:
             scores = torch.tensor(play(env, network, 1.0, torch.Generator().manual_seed(args.seed)))

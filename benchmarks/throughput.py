@@ -96,7 +96,7 @@ def acting_process(cfg, seconds: float) -> float:
     torch.set_num_threads(cfg.collectors.torch_threads)
     E = cfg.env.envs_per_collector
     env = make_vector_env(cfg.env, E, seed=0)
-    net = QNetwork.for_env(env.spec.obs_shape, env.spec.num_actions, cfg.network).for_acting()
+    net = QNetwork.for_env(env.spec.obs_shape, env.spec.num_actions, cfg.network, "cpu").for_acting()
     builder = ChunkBuilder(cfg.collectors.chunk_steps, E, env.spec)
     epsilons = dqn.apex_epsilons(E, 0, E)
     generator = torch.Generator().manual_seed(0)

@@ -18,11 +18,15 @@ import signal
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 
 from rl_dqn.config import Config, ConfigError, load_config, save_config
 
 RUNS_DIR = Path(os.environ.get("RL_DQN_RUNS_DIR") or Path(__file__).resolve().parents[1] / "runs")
+# time.time() when the run's command started, handed down to the processes it starts: the run's clock (time to a
+# score) counts from there. A benchmark that starts the command may set it earlier.
+LAUNCHED_AT_ENV = "RL_DQN_LAUNCHED_AT"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -46,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault(LAUNCHED_AT_ENV, repr(time.time()))
     args = _parser().parse_args(argv)
     if args.command == "worker":
         args.overrides = [*args.overrides, "collectors.count=1"]   # a process is one role
@@ -268,8 +273,8 @@ def _learner(cfg: Config, args) -> int:
     stop = _stop_on_signals()
     torch.set_num_threads(torch_threads(cfg))
     keep_freed_memory()
-    save_config(cfg, folder / "config.yaml")
-    learner = Learner(cfg, spec, folder, stop=stop, device=placement.device)
+    learner = Learner(cfg, spec, folder, stop=stop, device=placement.device, launched_at=_launched_at())
+    save_config(learner.used_cfg, folder / "config.yaml")
     if cfg.run.resume:
         checkpoint = latest_checkpoint(folder)
         try:
@@ -285,6 +290,13 @@ def _learner(cfg: Config, args) -> int:
     for line in learner.closing_lines("stopped on a signal" if stop.is_set() else "done"):
         print(f"[learner] {line}", flush=True)
     return 0
+
+
+def _launched_at() -> float | None:
+    try:
+        return float(os.environ[LAUNCHED_AT_ENV])
+    except (KeyError, ValueError):
+        return None
 
 
 def _collector(cfg: Config, args) -> int:

@@ -13,7 +13,7 @@ from envs import EnvSpec, StepResult, VectorEnv, make_vector_env
 from rl_dqn import dqn
 from rl_dqn.config import Config
 from rl_dqn.console import PROGRESS_ENV, PROGRESS_MARK, say
-from rl_dqn.network import QNetwork
+from rl_dqn.network import QNetwork, describe_precision
 from rl_dqn.system import SystemMeter
 from rl_dqn.types import Chunk
 
@@ -119,7 +119,7 @@ class Collector:
 
     def _loop(self, env: VectorEnv) -> None:
         cfg, E, device = self.cfg, self.cfg.env.envs_per_collector, self.policy_device
-        net = QNetwork.for_env(env.spec.obs_shape, env.spec.num_actions, cfg.network).to(device).for_acting()
+        net = QNetwork.for_env(env.spec.obs_shape, env.spec.num_actions, cfg.network, device).for_acting()
         generator = torch.Generator(device=device).manual_seed(self.seed)
         weights = self.transport.wait_weights(cfg.cluster.join_timeout_s)
         if weights is None:
@@ -132,7 +132,10 @@ class Collector:
         run_env_steps = self.transport.env_steps_at_join
         epsilons = self._epsilons(run_env_steps)
         obs, obs_first = env.reset().to(device), torch.ones(E, dtype=torch.bool)
-        say(self.name, f"acting in {E} x {cfg.env.id} on {device}, "
+        precision, warning = describe_precision(cfg.network.precision, device)
+        if warning is not None:
+            say(self.name, f"warning: {warning}")
+        say(self.name, f"acting in {E} x {cfg.env.id} on {device} in {precision}, "
                        f"epsilon {epsilons.min():.3g}..{epsilons.max():.3g}")
         started = last_report = time.monotonic()
         meter, system, steps_then, run_steps_then = SystemMeter(device), (), 0, run_env_steps

@@ -104,13 +104,18 @@ class EnvConfig:
 
 @dataclass(frozen=True)
 class NetworkConfig:
+    torso: Literal["nature", "nips"] = "nature"
+    """the CNN for image observations: `nature` (Mnih et al. 2015: conv 32 8x8 stride 4, conv 64 4x4/2, conv 64
+    3x3/1, fully connected 512) or `nips` (Mnih et al. 2013: conv 16 8x8/4, conv 32 4x4/2, fully connected 256;
+    about a third of the multiply-adds, 2.4-2.9x the samples/s of a CPU learner)"""
     mlp_hidden: tuple[int, ...] = (256, 256)
-    """hidden layer widths of the Q-network for vector observations (image observations use the Nature CNN)"""
+    """hidden layer widths of the Q-network for vector observations (image observations use network.torso)"""
     dueling: bool = False
     """a dueling head (state value + advantages, each with its own hidden layer) instead of a plain Q head"""
-    precision: Literal["fp32", "bf16"] = "fp32"
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
     """`bf16`: the torso and hidden layers compute in bfloat16 under autocast (parameters, optimizer and the
-    output layers stay float32), in the learner and the collectors; `fp32`: everything in float32"""
+    output layers stay float32); `fp32`: everything in float32; `auto`: each process picks bf16 where its device
+    computes it fast (CUDA GPUs of compute capability 8.0 or newer, CPUs with AVX512-BF16 or AMX), else fp32"""
 
     def __post_init__(self):
         _require(len(self.mlp_hidden) >= 1 and all(h >= 1 for h in self.mlp_hidden), "network.mlp_hidden",

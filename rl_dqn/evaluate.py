@@ -14,6 +14,7 @@ import os
 import pickle
 import queue
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -85,7 +86,7 @@ def load_player(checkpoint: Path) -> tuple[Config, QNetwork]:
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)
     cfg = from_dict(state["config"])
     spec = state["spec"]
-    network = QNetwork.for_env(tuple(spec["obs_shape"]), spec["num_actions"], cfg.network)
+    network = QNetwork.for_env(tuple(spec["obs_shape"]), spec["num_actions"], cfg.network, "cpu")
     network.load_state_dict(state["network"])
     return cfg, network.for_acting()
 
@@ -105,11 +106,12 @@ def evaluate(checkpoint: Path, episodes: int = 20, epsilon: float | None = None,
 
 class EvalResult(NamedTuple):
     env_steps: int          # env steps of the run when the weights were taken
-    elapsed_s: float        # seconds since the learner started, then
+    elapsed_s: float        # seconds on the run's clock (from its launch) when the weights were taken
     weights_version: int
     scores: list[float]
     video: bytes | None     # env 0's episode as an animated GIF, with eval.video
-
+    round_s: float          # wall seconds the round took to play
+    round_cpu_s: float      # CPU seconds the evaluator process spent on it
 
 class Evaluator:
     """Plays `eval.episodes` episodes with the weights it is given, in a child process, one round at a time."""
@@ -161,15 +163,17 @@ def _evaluator_main(cfg_dict: dict, requests, results) -> None:
     try:
         record = cfg.eval.video_max_steps if cfg.eval.video else 0
         env = make_vector_env(cfg.env, cfg.eval.episodes, seed=cfg.run.seed * 100_000 + 99_999, screen=record > 0)
-        network = QNetwork.for_env(env.spec.obs_shape, env.spec.num_actions, cfg.network).for_acting()
+        network = QNetwork.for_env(env.spec.obs_shape, env.spec.num_actions, cfg.network, "cpu").for_acting()
         generator = torch.Generator().manual_seed(cfg.run.seed + 99_999)
         while (request := requests.get()) is not None:
             state, env_steps, elapsed_s, version = request
             network.load_state_dict(state)
+            started, cpu = time.monotonic(), time.process_time()
             frames: list[np.ndarray] = []
             scores = play(env, network, cfg.eval.epsilon, generator, frames.append if record else None, record)
             video = gif_bytes(frames, fps_of(cfg.env.frame_skip)) if record else None
-            results.put((env_steps, elapsed_s, version, scores, video))
+            results.put((env_steps, elapsed_s, version, scores, video, time.monotonic() - started,
+                         time.process_time() - cpu))
     except Exception as e:  # noqa: BLE001 - reported to the learner as one line
         results.put(f"evaluator failed: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}")
     finally:

@@ -22,7 +22,7 @@ from rl_dqn.config import Config, to_dict
 from rl_dqn.evaluate import EvalResult, Evaluator, best_path
 from rl_dqn.console import duration, progress, say
 from rl_dqn.metrics import Board, RateMeter
-from rl_dqn.network import QNetwork
+from rl_dqn.network import QNetwork, describe_precision, resolve_precision
 from rl_dqn.replay import ReplayMemory
 from rl_dqn.system import SystemMeter
 from rl_dqn.transport import LEARNER_RANK, TransportError, collector_rank, place, worker_name
@@ -55,15 +55,19 @@ class Learner:
     """
 
     def __init__(self, cfg: Config, spec: EnvSpec, run_dir: Path, stop: threading.Event | None = None,
-                 device: torch.device | str | None = None):
+                 device: torch.device | str | None = None, launched_at: float | None = None):
         self.cfg, self.spec, self.run_dir = cfg, spec, run_dir
         self.transport = None
         self.stop = stop or threading.Event()
         # Where it trains and keeps its replay: learner.device as placed on this node (a GPU when there is one).
         self.device = torch.device(device) if device is not None else \
             place(cfg, LEARNER_RANK, torch.cuda.device_count()).device
+        # The config as this process runs it: network.precision resolved for its device (auto: bf16 where the device
+        # computes it fast). The run folder's config.yaml and TensorBoard's hyperparameters show this one.
+        precision = resolve_precision(cfg.network.precision, self.device)
+        self.used_cfg = dataclasses.replace(cfg, network=dataclasses.replace(cfg.network, precision=precision))
         torch.manual_seed(cfg.run.seed)
-        self.network = QNetwork.for_env(spec.obs_shape, spec.num_actions, cfg.network).to(self.device)
+        self.network = QNetwork.for_env(spec.obs_shape, spec.num_actions, cfg.network, self.device)
         self.target = copy.deepcopy(self.network)
         # The fused kernel: 0.5 ms per step for the Nature CNN on 2 CPU cores against 6 ms for the default.
         self.optimizer = torch.optim.Adam(self.network.parameters(), lr=cfg.train.lr, eps=cfg.train.adam_eps,
@@ -106,17 +110,21 @@ class Learner:
         self._returns = collections.deque(maxlen=20)
         self._collectors = [_CollectorStats() for _ in range(cfg.num_collectors)]
         self._env_meter, self._update_meter, self._byte_meter = RateMeter(), RateMeter(), RateMeter()
-        self._started = time.monotonic()
+        self._training_meter = RateMeter()   # seconds spent in updates: its rate is the share of wall time
+        # The run's clock (eval times, ETA, summary) counts from the launch (`launched_at`, time.time() when the
+        # command started), or from now; a resumed run's goes on from its checkpoint's time.
+        self._started = time.monotonic() - (0.0 if launched_at is None else max(time.time() - launched_at, 0.0))
         self._first_data_time: float | None = None
         self._first_data_steps = 0
         self._training_start: tuple[float, int, int] | None = None   # (when, env steps, updates)
         self._finished: float | None = None   # when the run stopped taking data and training (before the final save)
-        self.board = Board(run_dir, cfg)
+        self.board = Board(run_dir, self.used_cfg)
         self.evaluator: Evaluator | None = None
         self._next_eval = cfg.eval.every_env_steps
         self._best_eval: float | None = None
         self._eval_state: dict[str, torch.Tensor] | None = None   # the weights the evaluator is playing
         self._last_eval: tuple[float, float, int] | None = None   # mean, std, env steps
+        self._eval_rounds, self._eval_round_s, self._eval_cpu_s = 0, 0.0, 0.0
         self._system = SystemMeter(self.device, gpu_utilization=True)
 
     # ------------------------------------------------------------------------------------------- data in
@@ -312,8 +320,11 @@ class Learner:
         may die, hang, leave and join at any time; the run ends with an error only when none has been alive for
         cluster.join_timeout_s."""
         self.transport = transport
-        say("learner", f"training on {self.device}, replay {self.cfg.train.replay_capacity:,} transitions in "
-                       f"{self.cfg.num_envs} lanes, waiting for {self.cfg.num_collectors} collectors")
+        precision, warning = describe_precision(self.cfg.network.precision, self.device)
+        if warning is not None:
+            say("learner", f"warning: {warning}")
+        say("learner", f"training on {self.device} in {precision}, replay {self.cfg.train.replay_capacity:,} "
+                       f"transitions in {self.cfg.num_envs} lanes, waiting for {self.cfg.num_collectors} collectors")
         self.publish()
         total = self.cfg.train.total_env_steps
         last_log = alone_since = time.monotonic()
@@ -369,7 +380,9 @@ class Learner:
             self.board.scalar("cluster/collectors_alive", len(self.transport.alive), self.env_steps)
 
     def _train_one(self) -> None:
+        started = time.perf_counter()
         self.step()
+        self._training_meter.add(time.perf_counter() - started)
         if self.updates % self.cfg.learner.publish_every_updates == 0:
             self.publish()
         if self.updates % self.cfg.learner.checkpoint_every_updates == 0:
@@ -406,12 +419,21 @@ class Learner:
         self.board.scalar("eval/episode_return", mean, result.env_steps)
         self.board.scalar("eval/episode_return_std", std, result.env_steps)
         self.board.scalar("eval/best_episode_return", self._best_eval, result.env_steps)
-        # Score against wall time as its own chart: x is seconds since the learner started.
-        self.board.scalar("eval/episode_return_vs_seconds", mean, int(result.elapsed_s))
+        # When the score was known, on the run's clock (from launch, the round's play included): against env
+        # steps, and as the x of score against wall time (its own chart).
+        known_s = time.monotonic() - self._started
+        self._eval_rounds += 1
+        self._eval_round_s += result.round_s
+        self._eval_cpu_s += result.round_cpu_s
+        self.board.scalar("eval/time_from_launch_s", known_s, result.env_steps)
+        self.board.scalar("eval/episode_return_vs_seconds", mean, int(known_s))
+        self.board.scalar("eval/round_s", result.round_s, result.env_steps)
+        self.board.scalar("eval/round_cpu_s", result.round_cpu_s, result.env_steps)
         if result.video is not None:
             self.board.gif("eval/video", result.video, 210, 160, result.env_steps)
-        say("learner", f"eval at {result.env_steps:,} env steps ({duration(result.elapsed_s)}, weights "
-                       f"v{result.weights_version}): {mean:.2f} +- {std:.2f} over {len(result.scores)} episodes")
+        say("learner", f"eval at {result.env_steps:,} env steps (weights v{result.weights_version} of "
+                       f"{duration(result.elapsed_s)}, scored by {duration(known_s)} in {result.round_s:.0f} s): "
+                       f"{mean:.2f} +- {std:.2f} over {len(result.scores)} episodes")
 
     def _close_evaluator(self) -> None:
         if self.evaluator is not None:
@@ -445,6 +467,7 @@ class Learner:
     def log(self) -> None:
         env_rate, update_rate = self._env_meter.rate(), self._update_meter.rate()
         board, steps = self.board, self.env_steps
+        board.scalar("learner/training_percent", 100 * self._training_meter.rate(), steps)
         board.scalar("collector/env_steps_per_s", env_rate, steps)
         board.scalar("transport/recv_mb_per_s", self._byte_meter.rate() / 1e6, steps)
         board.scalar("learner/updates_per_s", update_rate, steps)
@@ -587,7 +610,7 @@ class Learner:
         self.env_steps, self.updates = counters["env_steps"], counters["updates"]
         self.weights_version = counters["weights_version"]
         self._next_eval, self._best_eval = schedule["next_eval"], schedule["best_eval"]
-        self._started = time.monotonic() - schedule["elapsed_s"]
+        self._started -= schedule["elapsed_s"]
         self.generator.set_state(state["generator"])
         self._take_prepared()
         replay = state.get("replay_file")
@@ -612,6 +635,12 @@ class Learner:
             "collectors": {worker_name(collector_rank(i)): vars(s) for i, s in enumerate(self._collectors)},
             "lost_collectors": dict(self.transport.lost) if self.transport is not None else {},
             "rejected_chunks": dict(self.rejected), "dropped_chunks": self.dropped_chunks,
+            # Where this process's time went, in seconds on the run's clock: start-up until the first chunk and the
+            # first update, time spent in updates, and the evaluation rounds' play (wall and CPU, in their process).
+            "first_data_s": None if self._first_data_time is None else self._first_data_time - self._started,
+            "training_start_s": None if self._training_start is None else self._training_start[0] - self._started,
+            "updating_s": self._training_meter.total,
+            "eval_rounds": self._eval_rounds, "eval_round_s": self._eval_round_s, "eval_round_cpu_s": self._eval_cpu_s,
         }
         if self._first_data_time is not None and end > self._first_data_time:
             summary["env_steps_per_s"] = (self.env_steps - self._first_data_steps) / (end - self._first_data_time)

@@ -2,15 +2,71 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
+# The convolutional torsos for stacked 84x84 frames: (out channels, kernel, stride) per layer, then the width of the
+# fully connected hidden layer. `nips` has about a third of `nature`'s multiply-adds per sample (measured on 2 CPU
+# cores: 2.4-2.9x the samples/s of a float32 update, see the README's benchmarks).
+TORSOS = {
+    # Mnih et al. 2015, "Human-level control through deep reinforcement learning" (Nature).
+    "nature": (((32, 8, 4), (64, 4, 2), (64, 3, 1)), 512),
+    # Mnih et al. 2013, "Playing Atari with Deep Reinforcement Learning" (https://arxiv.org/abs/1312.5602).
+    "nips": (((16, 8, 4), (32, 4, 2)), 256),
+}
+
+
+def fast_bfloat16(device: torch.device | str) -> tuple[bool, str]:
+    """Whether `device` computes bfloat16 convolutions and matrix products fast, and why, as PyTorch sees it: CUDA
+    GPUs of compute capability 8.0 or newer; CPUs with AVX512-BF16 or AMX that PyTorch may use (ATEN_CPU_CAPABILITY
+    and ONEDNN_MAX_CPU_ISA narrow what it may). Elsewhere bfloat16 is emulated, about 10x slower than float32 on
+    an AVX2 CPU and 2.5x on an AVX-512 one without BF16 (https://pytorch.org/docs/stable/amp.html#cpu-op-specific-
+    behavior; the README's benchmarks)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        return major >= 8, f"compute capability {major}.{minor}"
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
+    if isa and isa != "ALL" and "BF16" not in isa and "AMX" not in isa:
+        return False, f"ONEDNN_MAX_CPU_ISA={isa}"
+    capability = torch.backends.cpu.get_cpu_capability()
+    if "AVX512" not in capability:
+        return False, f"PyTorch uses {capability} on this CPU"
+    if torch.cpu._is_amx_tile_supported():
+        return True, "this CPU has AMX"
+    if torch.cpu._is_avx512_bf16_supported():
+        return True, "this CPU has AVX512-BF16"
+    return False, "this CPU has neither AVX512-BF16 nor AMX"
+
+
+def resolve_precision(precision: str, device: torch.device | str) -> str:
+    """`fp32` or `bf16`: network.precision as given, or for `auto` bfloat16 where `device` computes it fast."""
+    if precision != "auto":
+        return precision
+    return "bf16" if fast_bfloat16(device)[0] else "fp32"
+
+
+def describe_precision(precision: str, device: torch.device | str) -> tuple[str, str | None]:
+    """What network.precision comes to on `device`, in words for a role's first line, and a warning where an
+    explicit bf16 will be emulated there."""
+    fast, why = fast_bfloat16(device)
+    chosen = resolve_precision(precision, device)
+    if precision == "auto":
+        return f"{chosen} (network.precision=auto: {why})", None
+    if chosen == "bf16" and not fast:
+        return chosen, (f"network.precision=bf16 on a device without fast bfloat16 ({why}): it is emulated, 2.5-10x "
+                        f"slower than fp32 (2.5x on an AVX-512 CPU, 10x on an AVX2 one); set network.precision=auto "
+                        f"or fp32")
+    return chosen, None
+
 
 class QNetwork(nn.Module):
-    """Nature DQN's CNN for stacked 84x84 frames (Mnih et al. 2015), or an MLP for vector observations, with a
-    plain or a dueling head (Wang et al. 2016, https://arxiv.org/abs/1511.06581).
+    """A CNN for stacked 84x84 frames (`torso`: one of TORSOS), or an MLP for vector observations, with a plain or
+    a dueling head (Wang et al. 2016, https://arxiv.org/abs/1511.06581).
 
     Observations are `[B, stack, *frame_shape]` in their stored dtype; uint8 frames are scaled to [0, 1] here
     (`inputs()`) so that collectors and the replay memory keep bytes.
@@ -21,25 +77,24 @@ class QNetwork(nn.Module):
     """
 
     def __init__(self, obs_shape: tuple[int, ...], num_actions: int, mlp_hidden: tuple[int, ...] = (256, 256),
-                 dueling: bool = False, precision: str = "fp32"):
+                 dueling: bool = False, precision: str = "fp32", torso: str = "nature"):
         super().__init__()
         self.is_image = len(obs_shape) == 3
         self.dueling = dueling
         self.compute_dtype = PRECISIONS[precision]
         if self.is_image:
-            stack, height, width = obs_shape
-            self.torso = nn.Sequential(
-                nn.Conv2d(stack, 32, kernel_size=8, stride=4), nn.ReLU(),
-                nn.Conv2d(32, 64, kernel_size=4, stride=2), nn.ReLU(),
-                nn.Conv2d(64, 64, kernel_size=3, stride=1), nn.ReLU(),
-                nn.Flatten(),
-            )
+            stack, height, frame_width = obs_shape
+            convolutions, width = TORSOS[torso]
+            layers, channels = [], stack
+            for out, kernel, stride in convolutions:
+                layers += [nn.Conv2d(channels, out, kernel_size=kernel, stride=stride), nn.ReLU()]
+                channels = out
+            self.torso = nn.Sequential(*layers, nn.Flatten())
             with torch.no_grad():
-                features = self.torso(torch.zeros(1, stack, height, width)).shape[1]
+                features = self.torso(torch.zeros(1, stack, height, frame_width)).shape[1]
 
             def hidden() -> nn.Module:
-                return nn.Sequential(nn.Linear(features, 512), nn.ReLU())
-            width = 512
+                return nn.Sequential(nn.Linear(features, width), nn.ReLU())
         else:
             layers, width = [nn.Flatten()], int(torch.Size(obs_shape).numel())
             for size in mlp_hidden:
@@ -55,9 +110,13 @@ class QNetwork(nn.Module):
             self.value_hidden, self.value = hidden(), nn.Linear(width, 1)
 
     @classmethod
-    def for_env(cls, obs_shape: tuple[int, ...], num_actions: int, network_cfg) -> QNetwork:
-        """The network that `network_cfg` (a config's `network` section) describes."""
-        return cls(obs_shape, num_actions, network_cfg.mlp_hidden, network_cfg.dueling, network_cfg.precision)
+    def for_env(cls, obs_shape: tuple[int, ...], num_actions: int, network_cfg, device: torch.device | str
+                ) -> QNetwork:
+        """The network that `network_cfg` (a config's `network` section) describes, on `device`, computing in the
+        precision network.precision gives there."""
+        precision = resolve_precision(network_cfg.precision, device)
+        return cls(obs_shape, num_actions, network_cfg.mlp_hidden, network_cfg.dueling, precision,
+                   network_cfg.torso).to(device)
 
     def for_acting(self) -> QNetwork:
         """This network in eval mode for acting only (collectors, evaluation, play; never trained): under bf16 the

@@ -1,0 +1,160 @@
+"""Time to a score: runs a config through ./launch/local.sh for each seed and prints how long from launch it took
+to reach each score, and where the wall time went.
+
+    python benchmarks/learning.py CONFIG [--seeds 1,2,3] [--minutes 10] [--stop-at 18] [--scores 0,10,18]
+                                  [--prefix NAME] [section.key=value ...]
+
+Each seed runs alone, one after another, as `./launch/local.sh CONFIG run.seed=S run.name=<prefix>-s<S>
+[overrides]`, and is stopped (SIGINT: a final checkpoint, then exit) after `--minutes` of wall time, or as soon as
+an evaluation reaches `--stop-at`. Time to a score is the run's clock from the launch of the command to the end of
+the first evaluation round whose mean score reached it, so start-up and evaluation are inside it.
+
+Where the time went, for each run (from its summary.json and TensorBoard events): start-up (launch to the first
+chunk in replay, and to the first update), the share of wall time the learner spent in updates, the CPU use of the
+learner and of the collectors (mean of system/*/cpu_percent, 100 = one core) and of the evaluator (its rounds' CPU
+seconds over the run's wall time), and the evaluation rounds' wall seconds. Nothing else should run on the machine
+meanwhile: on a small machine another job's CPU comes out of the run's time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rl_dqn.cli import LAUNCHED_AT_ENV  # noqa: E402
+from rl_dqn.plot import EvalPoint, PlotError, first_reaching, minutes, read_evals, table  # noqa: E402
+
+POLL_S = 10.0
+
+
+def runs_dir() -> Path:
+    return Path(os.environ.get("RL_DQN_RUNS_DIR") or ROOT / "runs")
+
+
+def run_one(config: str, seed: int, name: str, overrides: list[str], limit_s: float, stop_at: float | None,
+            log: Path) -> float:
+    """Runs one seed to its time limit or its score; returns the wall seconds from launch to exit."""
+    argv = [str(ROOT / "launch/local.sh"), config, f"run.seed={seed}", f"run.name={name}", *overrides]
+    print(f"$ {shlex.join(argv)}", flush=True)
+    launched = time.time()
+    env = dict(os.environ, **{LAUNCHED_AT_ENV: repr(launched)})
+    with open(log, "w") as out:
+        process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            while process.poll() is None and time.time() - launched < limit_s:
+                time.sleep(min(POLL_S, max(limit_s - (time.time() - launched), 0.1)))
+                if stop_at is not None and _reached(runs_dir() / name, stop_at):
+                    print(f"  reached {stop_at:g}: stopping the run", flush=True)
+                    break
+        finally:
+            if process.poll() is None:
+                process.send_signal(signal.SIGINT)   # the learner saves its final checkpoint and summary
+                try:
+                    process.wait(timeout=300)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+    if process.returncode not in (0, -signal.SIGINT, 128 + signal.SIGINT):
+        print(f"  exited with code {process.returncode}; its output: {log}", flush=True)
+    return time.time() - launched
+
+
+def _reached(run_dir: Path, score: float) -> bool:
+    try:
+        return first_reaching(read_evals(run_dir), score) is not None
+    except PlotError:
+        return False
+
+
+def where_time_went(run_dir: Path) -> str:
+    """One line: start-up, the learner's share of time in updates, CPU by role, evaluation."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    wall = summary["wall_s"]
+    cpu = _cpu_by_role(run_dir)
+    parts = [f"first chunk {_s(summary['first_data_s'])}, first update {_s(summary['training_start_s'])}",
+             f"{summary['env_steps']:,} env steps at {summary['env_steps_per_s_training'] or 0:,.0f}/s "
+             f"and {summary.get('updates_per_s_training') or 0:,.1f} updates/s while training",
+             f"learner updating {100 * summary['updating_s'] / wall:.0f}% of the time",
+             f"CPU: learner {cpu.get('learner', 0):.0f}%, collectors {cpu.get('collectors', 0):.0f}%, "
+             f"evaluator {100 * summary['eval_round_cpu_s'] / wall:.0f}% (100 = a core)",
+             f"{summary['eval_rounds']} evaluation rounds of {summary['eval_round_s'] / max(summary['eval_rounds'], 1):.0f}"
+             f" s on average"]
+    return "; ".join(parts)
+
+
+def _s(value: float | None) -> str:
+    return "never" if value is None else f"{value:.1f} s"
+
+
+def _cpu_by_role(run_dir: Path) -> dict[str, float]:
+    """Mean CPU % of the learner, and the sum of the collectors' means, from TensorBoard's system figures."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    means = {}
+    for tag in events.Tags()["scalars"]:
+        if tag == "system/learner/cpu_percent" or tag.startswith("system/collector") and tag.endswith("cpu_percent"):
+            values = [e.value for e in events.Scalars(tag)]
+            role = "learner" if "learner" in tag else "collectors"
+            means[role] = means.get(role, 0.0) + sum(values) / max(len(values), 1)
+    return means
+
+
+def _numbers(text: str) -> list[float]:
+    try:
+        return [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be numbers separated by commas, got {text!r}") from None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("config", help="e.g. configs/pong_cpu.yaml")
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value")
+    parser.add_argument("--seeds", default="1", help="seeds, run one after another (default 1)")
+    parser.add_argument("--minutes", type=float, default=10.0, help="wall minutes per run (default 10)")
+    parser.add_argument("--stop-at", type=float, default=None, help="stop a run once an evaluation reaches this")
+    parser.add_argument("--scores", type=_numbers, default=[0.0, 10.0, 18.0], help="default 0,10,18")
+    parser.add_argument("--prefix", default="", help="run names are <prefix>-s<seed> (default: the config's name "
+                                                     "and the time)")
+    args = parser.parse_args()
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        parser.error(f"--seeds must be integers separated by commas, got {args.seeds!r}")
+    if args.minutes <= 0:
+        parser.error(f"--minutes must be > 0, got {args.minutes}")
+    if not (ROOT / args.config).is_file() and not Path(args.config).is_file():
+        parser.error(f"no such config: {args.config}")
+    prefix = args.prefix or f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    results: dict[str, list[EvalPoint]] = {}
+    for seed in seeds:
+        name = f"{prefix}-s{seed}"
+        folder = runs_dir() / name
+        wall = run_one(args.config, seed, name, args.overrides, 60 * args.minutes, args.stop_at,
+                       runs_dir() / f"{name}.log")
+        try:
+            results[name] = read_evals(folder)
+        except PlotError as e:
+            print(f"  {e}", flush=True)
+            continue
+        print(f"  {minutes(wall)} from launch to exit; " + where_time_went(folder), flush=True)
+    if not results:
+        return 1
+    print()
+    print(table(results, args.scores))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

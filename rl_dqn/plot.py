@@ -1,0 +1,135 @@
+"""Learning curves from runs' TensorBoard events, as a PNG and a table:
+
+    python -m rl_dqn.plot runs/<name> [runs/<other> ...] [--out curve.png] [--target 18] [--labels a,b]
+
+Each run's evaluation score (the mean over its evaluation episodes, shaded one standard deviation of those episodes
+either side) against wall minutes from launch on the left and against env steps on the right, every run on the same
+two axes. The table gives each run's time and env steps to each `--scores` level (the first evaluation whose mean
+reached it, at the moment its round finished) and its last and best score.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+
+class EvalPoint(NamedTuple):
+    env_steps: int      # env steps of the run when the evaluated weights were taken
+    seconds: float      # seconds on the run's clock (from launch) when the round's score was known
+    mean: float         # mean raw score of the round's episodes
+    std: float          # their standard deviation
+
+
+class PlotError(ValueError):
+    """A folder that is not a run, or a run without evaluations."""
+
+
+def read_evals(run_dir: Path) -> list[EvalPoint]:
+    """The evaluation rounds a run logged (eval/episode_return, eval/episode_return_std, eval/time_from_launch_s),
+    in order of env steps. A resumed run's event files are read together; what its earlier process wrote after
+    the checkpoint it resumed from is left out, as TensorBoard leaves it out."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    if not any(run_dir.glob("events.out.tfevents.*")):
+        raise PlotError(f"{run_dir} holds no TensorBoard events (is it a run folder, runs/<name>?)")
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    wanted = ("eval/episode_return", "eval/episode_return_std", "eval/time_from_launch_s")
+    if not set(wanted) <= tags:
+        raise PlotError(f"{run_dir} has no evaluations with times (eval.every_env_steps=0, or no round finished)")
+    columns = [{e.step: e.value for e in events.Scalars(tag)} for tag in wanted]
+    steps = sorted(set(columns[0]) & set(columns[1]) & set(columns[2]))
+    return [EvalPoint(step, columns[2][step], columns[0][step], columns[1][step]) for step in steps]
+
+
+def first_reaching(points: list[EvalPoint], score: float) -> EvalPoint | None:
+    """The first evaluation whose mean score is at least `score`."""
+    return next((p for p in points if p.mean >= score), None)
+
+
+def minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+
+
+def table(runs: dict[str, list[EvalPoint]], scores: list[float]) -> str:
+    """One line per run: time from launch (and env steps) to each score, last and best evaluation."""
+    head = ["run", "evals", *[f"to {s:g}" for s in scores], "last", "best"]
+    rows = []
+    for label, points in runs.items():
+        reached = [first_reaching(points, s) for s in scores]
+        cells = [f"{minutes(p.seconds)} ({p.env_steps / 1e3:,.0f}k)" if p is not None else "not reached"
+                 for p in reached]
+        last = points[-1]
+        rows.append([label, str(len(points)), *cells, f"{last.mean:.1f} at {minutes(last.seconds)}",
+                     f"{max(p.mean for p in points):.1f}"])
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [head, *rows])
+
+
+def draw(runs: dict[str, list[EvalPoint]], out: Path, targets: list[float] = (), title: str = "") -> None:
+    """Score against wall minutes and against env steps, every run on both axes, into a PNG."""
+    import matplotlib
+    matplotlib.use("Agg")   # files only, no display
+    import matplotlib.pyplot as plt
+
+    figure, (by_time, by_steps) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for label, points in runs.items():
+        mean = [p.mean for p in points]
+        low = [p.mean - p.std for p in points]
+        high = [p.mean + p.std for p in points]
+        for axes, x in ((by_time, [p.seconds / 60 for p in points]), (by_steps, [p.env_steps / 1e6 for p in points])):
+            (line,) = axes.plot(x, mean, marker=".", label=label)
+            axes.fill_between(x, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
+    for axes, xlabel in ((by_time, "wall minutes from launch"), (by_steps, "env steps (millions)")):
+        for target in targets:
+            axes.axhline(target, color="grey", linestyle="--", linewidth=0.8)
+        axes.set_xlabel(xlabel)
+        axes.grid(alpha=0.3)
+    by_time.set_ylabel("evaluation score (mean, +- std of episodes)")
+    by_time.legend(fontsize="small", loc="lower right")
+    if title:
+        figure.suptitle(title)
+    figure.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, dpi=100)
+    plt.close(figure)
+
+
+def _numbers(text: str) -> list[float]:
+    try:
+        return [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be numbers separated by commas, got {text!r}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rl_dqn.plot", description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="run folders, e.g. runs/<name>")
+    parser.add_argument("--out", type=Path, default=Path("curve.png"), help="the PNG to write (default curve.png)")
+    parser.add_argument("--labels", default="", help="a label per run, separated by commas (default: folder names)")
+    parser.add_argument("--target", type=_numbers, default=[], help="scores drawn as dashed lines, e.g. 18")
+    parser.add_argument("--scores", type=_numbers, default=[0.0, 10.0, 18.0],
+                        help="scores whose time the table gives (default 0,10,18)")
+    parser.add_argument("--title", default="", help="a title over the figure")
+    args = parser.parse_args(argv)
+    labels = args.labels.split(",") if args.labels else [run.name for run in args.runs]
+    if len(labels) != len(args.runs):
+        parser.error(f"--labels gives {len(labels)} labels for {len(args.runs)} runs")
+    if args.out.suffix.lower() != ".png":
+        parser.error(f"--out must name a .png file, got {str(args.out)!r}")
+    try:
+        runs = {label: read_evals(run) for label, run in zip(labels, args.runs)}
+    except PlotError as e:
+        print(f"plot: error: {e}", file=sys.stderr)
+        return 2
+    print(table(runs, args.scores))
+    draw(runs, args.out, args.target, args.title)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
