@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from envs import EnvSpec  # noqa: E402
 from rl_dqn.config import load_config  # noqa: E402
 from rl_dqn.learner import Learner, torch_threads  # noqa: E402
-from rl_dqn.system import keep_freed_memory  # noqa: E402
+from rl_dqn.system import configure_process  # noqa: E402
 from rl_dqn.types import Chunk  # noqa: E402
 
 SPEC = EnvSpec(obs_shape=(4, 84, 84), obs_dtype=torch.uint8, num_actions=6)
@@ -111,7 +111,7 @@ def main() -> None:
     parser.add_argument("--overlap", default="on,off", type=overlap_settings,
                         help="learner.overlap settings to measure: on, off or on,off")
     args = parser.parse_args()
-    keep_freed_memory()   # as the learner process does
+    configure_process()   # as the learner process does
     gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
     print(f"rl_dqn learner on {os.cpu_count()} CPU cores{gpu}, torch {torch.__version__}, replay "
           f"{args.replay:,} Pong transitions ({time.strftime('%Y-%m-%d')})", flush=True)

@@ -87,8 +87,8 @@ def where_time_went(run_dir: Path) -> str:
              f"learner updating {100 * summary['updating_s'] / wall:.0f}% of the time",
              f"CPU: learner {cpu.get('learner', 0):.0f}%, collectors {cpu.get('collectors', 0):.0f}%, "
              f"evaluator {100 * summary['eval_round_cpu_s'] / wall:.0f}% (100 = a core)",
-             f"{summary['eval_rounds']} evaluation rounds of {summary['eval_round_s'] / max(summary['eval_rounds'], 1):.0f}"
-             f" s on average"]
+             f"{summary['eval_rounds']} evaluation rounds, "
+             f"{summary['eval_round_s'] / max(summary['eval_rounds'], 1):.0f} s each on average"]
     return "; ".join(parts)
 
 

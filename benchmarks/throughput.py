@@ -42,7 +42,7 @@ from rl_dqn.collector import ChunkBuilder  # noqa: E402
 from rl_dqn.config import load_config  # noqa: E402
 from rl_dqn.learner import Learner, torch_threads  # noqa: E402
 from rl_dqn.network import QNetwork  # noqa: E402
-from rl_dqn.system import keep_freed_memory  # noqa: E402
+from rl_dqn.system import configure_process  # noqa: E402
 
 CONFIG = ROOT / "configs/pong.yaml"
 
@@ -174,7 +174,7 @@ def main() -> None:
     parser.add_argument("--cleanrl", metavar="DQN_ATARI_PY", help="CleanRL's dqn_atari.py, to run side by side")
     parser.add_argument("--cleanrl-python", default=sys.executable, help="the interpreter for --cleanrl")
     args = parser.parse_args()
-    keep_freed_memory()   # as the learner and collector processes do
+    configure_process()   # as the learner and collector processes do
     cfg = load_config(CONFIG, ["run.name=bench"])
     print(f"rl_dqn throughput on {os.cpu_count()} CPU cores, torch {torch.__version__}, {cfg.env.id}, "
           f"{cfg.env.envs_per_collector} envs per collector ({time.strftime('%Y-%m-%d')})", flush=True)

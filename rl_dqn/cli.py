@@ -261,7 +261,7 @@ def _learner(cfg: Config, args) -> int:
     import torch
     from rl_dqn.evaluate import latest_checkpoint
     from rl_dqn.learner import Learner, torch_threads
-    from rl_dqn.system import keep_freed_memory
+    from rl_dqn.system import configure_process
     from rl_dqn.transport import LearnerTransport, TransportError
     if not cfg.cluster.single_node:
         _require_cluster(cfg, collector_node=False)
@@ -272,7 +272,7 @@ def _learner(cfg: Config, args) -> int:
     folder = _make_run_dir(cfg)
     stop = _stop_on_signals()
     torch.set_num_threads(torch_threads(cfg))
-    keep_freed_memory()
+    configure_process()
     learner = Learner(cfg, spec, folder, stop=stop, device=placement.device, launched_at=_launched_at())
     save_config(learner.used_cfg, folder / "config.yaml")
     if cfg.run.resume:
@@ -302,7 +302,7 @@ def _launched_at() -> float | None:
 def _collector(cfg: Config, args) -> int:
     """One collector process in slot cluster.rank + local index - 1; it may replace one that died."""
     from rl_dqn.collector import Collector
-    from rl_dqn.system import keep_freed_memory
+    from rl_dqn.system import configure_process
     from rl_dqn.transport import CollectorTransport, TransportError
     rank = cfg.cluster.rank + args.local_index
     if rank < 1 or rank >= cfg.world_size:
@@ -318,7 +318,7 @@ def _collector(cfg: Config, args) -> int:
     placement = _placement(cfg, rank)
     name = f"collector{rank - 1}"
     stop = _stop_on_signals()
-    keep_freed_memory()
+    configure_process()
     transport = None
     try:
         transport = CollectorTransport(cfg, rank - 1, stop, placement)

@@ -154,9 +154,9 @@ class Evaluator:
 
 def _evaluator_main(cfg_dict: dict, requests, results) -> None:
     from rl_dqn.supervisor import die_with_parent
-    from rl_dqn.system import keep_freed_memory
+    from rl_dqn.system import configure_process
     die_with_parent()
-    keep_freed_memory()
+    configure_process()
     cfg = from_dict(cfg_dict)
     torch.set_num_threads(cfg.eval.torch_threads)
     env = None

@@ -36,6 +36,24 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(mallopt(_M_TRIM_THRESHOLD, 1 << 30))
 
 
+def flush_denormals() -> bool:
+    """Makes this thread, and threads it starts from now on, compute with denormal floats flushed to zero (the x86
+    FTZ and DAZ flags), as TensorFlow's CPU kernels do (tensorflow/core/platform/denormal.h).
+
+    Adam's moment estimates of a weight whose gradient stays zero (a ReLU unit that no longer fires) decay
+    geometrically into the denormal range below 1.2e-38, and every operation on a denormal takes a slow path:
+    measured on 2 CPU cores, Adam's fused step over the NIPS torso took 17.8 ms with such moments against 0.6 ms,
+    and the learner spent 30% of its training thread there. Values that small change no update. Returns False
+    where the CPU has no such flags."""
+    return torch.set_flush_denormal(True)
+
+
+def configure_process() -> None:
+    """What every role's process sets before it computes: malloc keeps freed memory, denormals are flushed."""
+    keep_freed_memory()
+    flush_denormals()
+
+
 def _node_cpu_times() -> tuple[int, int]:
     """(busy, total) jiffies of every core of this node since boot."""
     fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]

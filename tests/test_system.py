@@ -1,4 +1,5 @@
-"""The process setting every role takes: malloc keeps freed memory instead of faulting it back in every update."""
+"""The process settings every role takes: malloc keeps freed memory instead of faulting it back in every update;
+denormal floats are flushed to zero, in the role's threads and the threads it starts."""
 
 from __future__ import annotations
 
@@ -55,3 +56,26 @@ def test_learner_updates_reuse_freed_memory_instead_of_faulting_it_back_in():
     assert kept
     assert default > 500, f"{default} page faults per update with malloc's defaults"
     assert faults < default / 20, f"{faults} page faults per update kept, {default} with malloc's defaults"
+
+
+# A denormal (below float32's smallest normal number, 1.2e-38) survives arithmetic by default and becomes zero once
+# the process is configured, in the calling thread and in a thread started afterwards (the learner's helper).
+_DENORMALS = """
+import concurrent.futures, sys, torch
+from rl_dqn.system import configure_process
+def survives():
+    return (torch.tensor([1e-39]) * 1.0).item() != 0.0
+before = survives()
+if sys.argv[1] == "configured":
+    configure_process()
+print(before, survives(), concurrent.futures.ThreadPoolExecutor(1).submit(survives).result())
+"""
+
+
+def test_a_configured_process_and_its_later_threads_flush_denormals_to_zero():
+    def run(mode: str) -> list[str]:
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        return subprocess.run([sys.executable, "-c", _DENORMALS, mode], cwd=ROOT, env=env, capture_output=True,
+                              text=True, check=True).stdout.split()
+    assert run("default") == ["True", "True", "True"]
+    assert run("configured") == ["True", "False", "False"]
