@@ -1,11 +1,12 @@
 """Learner speed on its own: updates/s and samples/s at several batch sizes, and the share of sampling in an update.
 
     python benchmarks/learner.py [--seconds 10] [--batches 32,256,512] [--devices cpu,cuda] [--replay 200000]
-                                 [--overlap on,off]
+                                 [--overlap on,off] [--only NIPS]
 
-For each device present (CPU, and the GPU when there is one), each batch size and each of: uniform 1-step replay
-(configs/pong.yaml) and prioritized 3-step replay with a dueling network (configs/pong_apex.yaml), each with the
-network in float32 and in bfloat16, it fills a replay of Pong-shaped frames on that device and times
+For each device present (CPU, and the GPU when there is one), each batch size and each of: uniform 3-step replay
+with the NIPS torso (configs/pong_cpu.yaml), uniform 1-step replay (configs/pong.yaml) and prioritized 3-step
+replay with a dueling network (configs/pong_apex.yaml), the last two with the Nature torso, each with the network
+in float32 and in bfloat16, it fills a replay of Pong-shaped frames on that device and times
 Learner.step() (sample, Double DQN update, new priorities) and replay.sample() alone, with the next batch prepared
 on a second thread (learner.overlap, the default) and without. Torch threads are the learner process's: all cores,
 shared out between the two threads under overlap. "CPU ms" is the process's CPU time per update, which on a small
@@ -34,6 +35,8 @@ from rl_dqn.types import Chunk  # noqa: E402
 
 SPEC = EnvSpec(obs_shape=(4, 84, 84), obs_dtype=torch.uint8, num_actions=6)
 SETUPS = {
+    "NIPS, uniform, 3-step, fp32": ("pong_cpu.yaml", ["network.precision=fp32"]),
+    "NIPS, uniform, 3-step, bf16": ("pong_cpu.yaml", ["network.precision=bf16"]),
     "uniform, 1-step, fp32": ("pong.yaml", ["network.precision=fp32"]),
     "uniform, 1-step, bf16": ("pong.yaml", ["network.precision=bf16"]),
     "PER, 3-step, dueling, fp32": ("pong_apex.yaml", ["network.precision=fp32"]),
@@ -110,6 +113,7 @@ def main() -> None:
     parser.add_argument("--replay", type=int, default=200_000, help="transitions in the replay")
     parser.add_argument("--overlap", default="on,off", type=overlap_settings,
                         help="learner.overlap settings to measure: on, off or on,off")
+    parser.add_argument("--only", default="", help="measure only the setups whose label contains this, e.g. NIPS")
     args = parser.parse_args()
     configure_process()   # as the learner process does
     gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
@@ -119,6 +123,8 @@ def main() -> None:
           f"{'samples/s':>10} {'CPU ms':>8} {'sampling share':>15}", flush=True)
     for device in args.devices.split(","):
         for label, (config, overrides) in SETUPS.items():
+            if args.only not in label:
+                continue
             for batch in (int(b) for b in args.batches.split(",")):
                 for overlap in args.overlap:
                     with tempfile.TemporaryDirectory() as run_dir:

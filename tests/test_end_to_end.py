@@ -18,6 +18,7 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rl_dqn.config import load_config, to_dict
+from rl_dqn.network import resolve_precision
 
 ROOT = Path(__file__).resolve().parents[1]
 TAGS = ["collector/episode_return", "collector/episode_length", "collector/env_steps_per_s", "learner/loss",
@@ -97,14 +98,21 @@ def test_smoke_run_end_to_end(smoke):
     # Evaluation every 1,000 env steps in its own process: raw scores of whole (time-limited) episodes.
     assert values.get("eval/episode_return") and values.get("eval/episode_return_vs_seconds")
     assert all(-21 <= r <= 21 for r in values["eval/episode_return"])
+    # When each score was known, from the launch: after the first chunk arrived and before the run ended.
+    known = values["eval/time_from_launch_s"]
+    assert len(known) == len(values["eval/episode_return"]) and known == sorted(known)
+    assert 0 < summary["first_data_s"] <= summary["training_start_s"] < known[0] <= known[-1] < summary["wall_s"]
+    assert summary["eval_rounds"] == len(known) and summary["eval_round_s"] > 0 and summary["updating_s"] > 0
     assert summary["best_eval_return"] == max(values["eval/episode_return"])
     best = torch.load(run_dir / "checkpoints/best.pt", weights_only=True)   # the best round's network, kept
     assert best["eval"]["mean"] == summary["best_eval_return"] and best["eval"]["episodes"] == 2
     assert max(values["weights/version"]) > 0
+    # The config as the learner ran it: network.precision's `auto` resolved for its device.
     written = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert written["network"]["precision"] == resolve_precision("auto", "cpu")
     assert written == to_dict(load_config(ROOT / "configs/smoke.yaml", [
         "run.name=smoke", f"cluster.init_method={written['cluster']['init_method']}", "cluster.world_size=3",
-        "cluster.interface=lo", "cluster.single_node=true"]))
+        "cluster.interface=lo", "cluster.single_node=true", f"network.precision={written['network']['precision']}"]))
     assert list((run_dir / "checkpoints").glob("checkpoint_*.pt"))
     assert not processes_of("smoke")
 
@@ -134,6 +142,7 @@ def test_dashboard_has_hparams_layout_histograms_system_figures_and_a_video(smok
     session = next(d.session_start_info for d in plugin_data if d.HasField("session_start_info"))
     assert session.hparams["train.lr"].number_value == pytest.approx(1e-4)
     assert session.hparams["env.id"].string_value == "ALE/Pong-v5"
+    assert session.hparams["network.precision"].string_value == resolve_precision("auto", "cpu")
     experiment = next(d.experiment for d in plugin_data if d.HasField("experiment"))
     assert {m.name.tag for m in experiment.metric_infos} >= {"eval/episode_return", "eval/best_episode_return"}
     assert "eval/best_episode_return" in tags["scalars"]

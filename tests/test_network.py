@@ -1,10 +1,18 @@
-"""The Q-network: the dueling head's composition, bfloat16 compute that keeps small action gaps, scaled inputs."""
+"""The Q-network: the torsos, the dueling head's composition, bfloat16 compute that keeps small action gaps, scaled
+channels-last inputs, and the precision `auto` picks for a device."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import torch
 
-from rl_dqn.network import QNetwork
+from rl_dqn.network import QNetwork, describe_precision, resolve_precision
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_dueling_q_is_value_plus_centred_advantage():
@@ -77,3 +85,69 @@ def test_a_network_for_acting_stores_bfloat16_weights_and_gives_the_same_q_value
         assert acting.head.weight.dtype == torch.float32
         with torch.no_grad():
             assert torch.equal(acting(obs), trained(obs))
+
+
+def test_the_torsos_are_the_papers_layers():
+    for torso, convolutions, hidden in (("nature", [(4, 32, 8, 4), (32, 64, 4, 2), (64, 64, 3, 1)], (3136, 512)),
+                                        ("nips", [(4, 16, 8, 4), (16, 32, 4, 2)], (2592, 256))):
+        net = QNetwork((4, 84, 84), 6, torso=torso)
+        convs = [m for m in net.torso if isinstance(m, torch.nn.Conv2d)]
+        assert [(c.in_channels, c.out_channels, c.kernel_size[0], c.stride[0]) for c in convs] == convolutions
+        linear = net.head_hidden[0]
+        assert (linear.in_features, linear.out_features) == hidden
+        assert net(torch.zeros(3, 4, 84, 84, dtype=torch.uint8)).shape == (3, 6)
+
+
+def test_channels_last_frames_and_kernels_give_the_values_of_the_plain_layout():
+    torch.manual_seed(0)
+    obs = torch.randint(0, 256, (8, 4, 84, 84), dtype=torch.uint8)
+    for torso in ("nature", "nips"):
+        net = QNetwork((4, 84, 84), 6, torso=torso)
+        assert net.inputs(obs).is_contiguous(memory_format=torch.channels_last)
+        assert all(m.weight.is_contiguous(memory_format=torch.channels_last) for m in net.torso
+                   if isinstance(m, torch.nn.Conv2d))
+        x = obs.float() / 255.0
+        for layer in net.torso:   # the same layers on plain (NCHW) tensors
+            x = torch.nn.functional.conv2d(x.contiguous(), layer.weight.contiguous(), layer.bias, layer.stride) \
+                if isinstance(layer, torch.nn.Conv2d) else layer(x)
+        with torch.no_grad():
+            plain = net.head(net.head_hidden(x))
+            torch.testing.assert_close(net(obs), plain, atol=1e-5, rtol=1e-4)
+        # A state dict in the plain layout loads into it, and its own loads into a plain copy.
+        other = QNetwork((4, 84, 84), 6, torso=torso)
+        other.load_state_dict({k: v.contiguous() for k, v in net.state_dict().items()})
+        with torch.no_grad():
+            assert torch.equal(other(obs), net(obs))
+
+
+# How network.precision resolves on the CPU, in a process of its own with the CPU features PyTorch may use narrowed
+# by environment variables (as on a laptop with AVX2 only).
+_PRECISION = """
+from rl_dqn.network import describe_precision, resolve_precision
+print(resolve_precision("auto", "cpu"), resolve_precision("fp32", "cpu"), resolve_precision("bf16", "cpu"))
+print(describe_precision("auto", "cpu")[0])
+print(describe_precision("bf16", "cpu")[1])
+"""
+
+
+def test_auto_precision_is_float32_on_a_cpu_without_fast_bfloat16_and_an_explicit_bf16_warns():
+    for narrowed, shown in (({"ATEN_CPU_CAPABILITY": "avx2"}, "PyTorch uses AVX2 on this CPU"),
+                            ({"ONEDNN_MAX_CPU_ISA": "AVX2"}, "ONEDNN_MAX_CPU_ISA=AVX2"),
+                            ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE", "ATEN_CPU_CAPABILITY": "avx512"},
+                             "ONEDNN_MAX_CPU_ISA=AVX512_CORE")):
+        env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")}
+        env |= narrowed | {"PYTHONPATH": str(ROOT)}
+        lines = subprocess.run([sys.executable, "-c", _PRECISION], cwd=ROOT, env=env, capture_output=True, text=True,
+                               check=True).stdout.splitlines()
+        assert lines[0] == "fp32 fp32 bf16", narrowed
+        assert lines[1] == f"fp32 (network.precision=auto: {shown})"
+        assert shown in lines[2] and "set network.precision=auto or fp32" in lines[2]
+
+
+def test_auto_precision_on_this_cpu_follows_its_bfloat16_instructions():
+    flags = set(Path("/proc/cpuinfo").read_text().split())
+    fast = bool(flags & {"avx512_bf16", "amx_bf16"}) and not os.environ.get("ATEN_CPU_CAPABILITY") \
+        and not os.environ.get("ONEDNN_MAX_CPU_ISA")
+    assert resolve_precision("auto", "cpu") == ("bf16" if fast else "fp32")
+    assert describe_precision("auto", "cpu")[1] is None and describe_precision("fp32", "cpu") == ("fp32", None)
+    assert (describe_precision("bf16", "cpu")[1] is None) == fast
