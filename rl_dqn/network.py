@@ -89,10 +89,7 @@ class QNetwork(nn.Module):
             for out, kernel, stride in convolutions:
                 layers += [nn.Conv2d(channels, out, kernel_size=kernel, stride=stride), nn.ReLU()]
                 channels = out
-            # Channels-last frames and kernels: oneDNN's convolutions then need no layout conversions on every
-            # call; a float32 update of the NIPS torso at batch 32 on one CPU core took 6 ms against 13 (measured,
-            # the README's benchmarks). The values are the same; only the order in memory differs.
-            self.torso = nn.Sequential(*layers, nn.Flatten()).to(memory_format=torch.channels_last)
+            self.torso = nn.Sequential(*layers, nn.Flatten())
             with torch.no_grad():
                 features = self.torso(torch.zeros(1, stack, height, frame_width)).shape[1]
 
@@ -111,6 +108,17 @@ class QNetwork(nn.Module):
         self.head_hidden, self.head = hidden(), nn.Linear(width, num_actions)
         if dueling:
             self.value_hidden, self.value = hidden(), nn.Linear(width, 1)
+        self.channels_last = False
+        self.set_layout(channels_last=self.is_image)
+
+    def set_layout(self, channels_last: bool) -> QNetwork:
+        """Frames and convolution kernels channels-last in memory (for training), or in the plain layout (for
+        acting). The values are the same; oneDNN's convolutions are faster one way or the other: measured on one
+        CPU core in float32 with the NIPS torso, a forward and backward pass of batch 32 took 6.6 ms channels-last
+        against 8.7, while a forward pass alone of batch 20 took 2.1 ms against 1.6 (the README's benchmarks)."""
+        self.channels_last = channels_last and self.is_image
+        self.torso.to(memory_format=torch.channels_last if self.channels_last else torch.contiguous_format)
+        return self
 
     @classmethod
     def for_env(cls, obs_shape: tuple[int, ...], num_actions: int, network_cfg, device: torch.device | str
@@ -122,23 +130,23 @@ class QNetwork(nn.Module):
                    network_cfg.torso).to(device)
 
     def for_acting(self) -> QNetwork:
-        """This network in eval mode for acting only (collectors, evaluation, play; never trained): under bf16 the
-        layers that compute in bfloat16 store their weights in it, so that a forward pass does not cast them
-        again (a batch of 8 Pong stacks on one thread: 1.7 ms against 2.3). load_state_dict() takes float32
-        weights as before and rounds them once."""
+        """This network in eval mode for forward passes only (collectors, evaluation, play, the learner's target
+        network; never trained), in the plain layout: under bf16 the layers that compute in bfloat16 store their
+        weights in it, so that a forward pass does not cast them again (a batch of 8 Pong stacks on one thread:
+        1.7 ms against 2.3). load_state_dict() takes float32 weights as before and rounds them once."""
         if self.compute_dtype != torch.float32:
             for layer in (self.torso, self.head_hidden, *((self.value_hidden,) if self.dueling else ())):
                 layer.to(self.compute_dtype)
-        return self.eval()
+        return self.set_layout(channels_last=False).eval()
 
     def inputs(self, obs: torch.Tensor) -> torch.Tensor:
-        """What the first layer takes: uint8 frames scaled to [0, 1] in the compute dtype and channels-last, in one
-        pass over the batch (the division in float32, stored in bfloat16 under bf16), other observations as float32. forward()
+        """What the first layer takes: uint8 frames scaled to [0, 1] in the compute dtype and the network's layout,
+        in one pass over the batch (the division in float32, stored in bfloat16 under bf16), other observations as float32. forward()
         calls it; a caller that feeds one batch to two networks (the learner's s' to the online and the target
         network) calls it once and passes its result, which it returns unchanged."""
         if obs.dtype == torch.uint8:
-            scaled = torch.empty(obs.shape, dtype=self.compute_dtype, device=obs.device,
-                                 memory_format=torch.channels_last if obs.dim() == 4 else torch.contiguous_format)
+            layout = torch.channels_last if self.channels_last and obs.dim() == 4 else torch.contiguous_format
+            scaled = torch.empty(obs.shape, dtype=self.compute_dtype, device=obs.device, memory_format=layout)
             return torch.div(obs, 255.0, out=scaled)
         return obs if obs.dtype == self.compute_dtype else obs.float()
 

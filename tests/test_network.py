@@ -98,7 +98,7 @@ def test_the_torsos_are_the_papers_layers():
         assert net(torch.zeros(3, 4, 84, 84, dtype=torch.uint8)).shape == (3, 6)
 
 
-def test_channels_last_frames_and_kernels_give_the_values_of_the_plain_layout():
+def test_a_trained_network_is_channels_last_an_acting_one_plain_and_both_give_the_plain_layouts_values():
     torch.manual_seed(0)
     obs = torch.randint(0, 256, (8, 4, 84, 84), dtype=torch.uint8)
     for torso in ("nature", "nips"):
@@ -106,6 +106,10 @@ def test_channels_last_frames_and_kernels_give_the_values_of_the_plain_layout():
         assert net.inputs(obs).is_contiguous(memory_format=torch.channels_last)
         assert all(m.weight.is_contiguous(memory_format=torch.channels_last) for m in net.torso
                    if isinstance(m, torch.nn.Conv2d))
+        acting = QNetwork((4, 84, 84), 6, torso=torso).for_acting()
+        acting.load_state_dict(net.state_dict())
+        assert not acting.inputs(obs).is_contiguous(memory_format=torch.channels_last)
+        assert all(m.weight.is_contiguous() for m in acting.torso if isinstance(m, torch.nn.Conv2d))
         x = obs.float() / 255.0
         for layer in net.torso:   # the same layers on plain (NCHW) tensors
             x = torch.nn.functional.conv2d(x.contiguous(), layer.weight.contiguous(), layer.bias, layer.stride) \
@@ -113,6 +117,7 @@ def test_channels_last_frames_and_kernels_give_the_values_of_the_plain_layout():
         with torch.no_grad():
             plain = net.head(net.head_hidden(x))
             torch.testing.assert_close(net(obs), plain, atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(acting(obs), plain, atol=1e-5, rtol=1e-4)
         # A state dict in the plain layout loads into it, and its own loads into a plain copy.
         other = QNetwork((4, 84, 84), 6, torso=torso)
         other.load_state_dict({k: v.contiguous() for k, v in net.state_dict().items()})
