@@ -2,7 +2,8 @@
 to reach each score, and where the wall time went.
 
     python benchmarks/learning.py CONFIG [--seeds 1,2,3] [--minutes 10] [--stop-at 18] [--scores 0,10,18]
-                                  [--prefix NAME] [section.key=value ...]
+                                  [--prefix NAME] [--kill-collector-at MIN] [--kill-learner-at MIN [--downtime S]]
+                                  [section.key=value ...]
 
 Each seed runs alone, one after another, as `./launch/local.sh CONFIG run.seed=S run.name=<prefix>-s<S>
 [overrides]`, and is stopped (SIGINT: a final checkpoint, then exit) after `--minutes` of wall time, or as soon as
@@ -14,6 +15,11 @@ chunk in replay, and to the first update), the share of wall time the learner sp
 learner and of the collectors (mean of system/*/cpu_percent, 100 = one core) and of the evaluator (its rounds' CPU
 seconds over the run's wall time), and the evaluation rounds' wall seconds. Nothing else should run on the machine
 meanwhile: on a small machine another job's CPU comes out of the run's time.
+
+Faults while it learns: `--kill-collector-at` SIGKILLs collector0 (its node's launcher starts a new process in its
+slot), `--kill-learner-at` SIGKILLs the learner (its node stops), and `--downtime` seconds later the run is launched
+again with run.resume=true. The run's clock then leaves out the downtime, so each score's time is also given in wall
+time from the first launch.
 """
 
 from __future__ import annotations
@@ -27,12 +33,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rl_dqn.cli import LAUNCHED_AT_ENV  # noqa: E402
-from rl_dqn.plot import EvalPoint, PlotError, first_reaching, minutes, read_evals, table  # noqa: E402
+from rl_dqn.console import duration  # noqa: E402
+from rl_dqn.plot import EvalPoint, PlotError, first_reaching, read_evals, score_list, table  # noqa: E402
 
 POLL_S = 10.0
 
@@ -41,32 +49,71 @@ def runs_dir() -> Path:
     return Path(os.environ.get("RL_DQN_RUNS_DIR") or ROOT / "runs")
 
 
+class Faults(NamedTuple):
+    """Processes killed with SIGKILL during a run, at wall seconds from its launch (None: never)."""
+    collector_at_s: float | None = None   # collector0; its node's launcher starts a new one in its slot
+    learner_at_s: float | None = None     # the learner; its node stops, and after `downtime_s` the run is resumed
+    downtime_s: float = 30.0
+
+
 def run_one(config: str, seed: int, name: str, overrides: list[str], limit_s: float, stop_at: float | None,
-            log: Path) -> float:
-    """Runs one seed to its time limit or its score; returns the wall seconds from launch to exit."""
+            log: Path, faults: Faults = Faults()) -> tuple[float, float]:
+    """Runs one seed to its time limit (wall time from its first launch) or its score, killing what `faults` says
+    when it says (a killed learner's run is resumed with run.resume=true); returns time.time() at the first launch,
+    and the wall seconds from there to the end."""
     argv = [str(ROOT / "launch/local.sh"), config, f"run.seed={seed}", f"run.name={name}", *overrides]
-    print(f"$ {shlex.join(argv)}", flush=True)
     launched = time.time()
-    env = dict(os.environ, **{LAUNCHED_AT_ENV: repr(launched)})
+    due = {"collector": faults.collector_at_s, "learner": faults.learner_at_s}
     with open(log, "w") as out:
-        process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            while process.poll() is None and time.time() - launched < limit_s:
-                time.sleep(min(POLL_S, max(limit_s - (time.time() - launched), 0.1)))
-                if stop_at is not None and _reached(runs_dir() / name, stop_at):
-                    print(f"  reached {stop_at:g}: stopping the run", flush=True)
-                    break
-        finally:
-            if process.poll() is None:
-                process.send_signal(signal.SIGINT)   # the learner saves its final checkpoint and summary
-                try:
-                    process.wait(timeout=300)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+        while True:
+            print(f"$ {shlex.join(argv)}", flush=True)
+            # A resumed run's clock goes on from its checkpoint's, counting from this launch.
+            env = dict(os.environ, **{LAUNCHED_AT_ENV: repr(time.time())})
+            process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+            try:
+                while process.poll() is None and time.time() - launched < limit_s:
+                    time.sleep(min(POLL_S, max(limit_s - (time.time() - launched), 0.1)))
+                    for role, at in due.items():
+                        if at is not None and time.time() - launched >= at:
+                            due[role] = None
+                            pid = _kill(name, role)
+                            print(f"  {duration(time.time() - launched)} from launch: killed the {role} (pid {pid}) "
+                                  f"with SIGKILL", flush=True)
+                    if stop_at is not None and _reached(runs_dir() / name, stop_at):
+                        print(f"  reached {stop_at:g}: stopping the run", flush=True)
+                        break
+            finally:
+                _stop(process)
+            if process.returncode in (0, -signal.SIGINT, 128 + signal.SIGINT) or time.time() - launched >= limit_s:
+                break
+            print(f"  the run stopped (exit code {process.returncode}) {duration(time.time() - launched)} from launch; "
+                  f"resuming it in {faults.downtime_s:g} s", flush=True)
+            time.sleep(faults.downtime_s)
+            argv = [*argv, "run.resume=true"] if "run.resume=true" not in argv else argv
     if process.returncode not in (0, -signal.SIGINT, 128 + signal.SIGINT):
         print(f"  exited with code {process.returncode}; its output: {log}", flush=True)
-    return time.time() - launched
+    return launched, time.time() - launched
+
+
+def _kill(name: str, role: str) -> int:
+    """SIGKILLs the run's learner, or its collector0."""
+    pattern = f"rl_dqn learner .*run.name={name}( |$)" if role == "learner" else \
+        f"rl_dqn collector .*run.name={name} .*--local-index=0"
+    pids = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
+    if not pids:
+        raise RuntimeError(f"no {role} process of run {name} to kill")
+    os.kill(int(pids[0]), signal.SIGKILL)
+    return int(pids[0])
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)   # the learner saves its final checkpoint and summary
+        try:
+            process.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def _reached(run_dir: Path, score: float) -> bool:
@@ -110,13 +157,6 @@ def _cpu_by_role(run_dir: Path) -> dict[str, float]:
     return means
 
 
-def _numbers(text: str) -> list[float]:
-    try:
-        return [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be numbers separated by commas, got {text!r}") from None
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("config", help="e.g. configs/pong_cpu.yaml")
@@ -124,7 +164,13 @@ def main() -> int:
     parser.add_argument("--seeds", default="1", help="seeds, run one after another (default 1)")
     parser.add_argument("--minutes", type=float, default=10.0, help="wall minutes per run (default 10)")
     parser.add_argument("--stop-at", type=float, default=None, help="stop a run once an evaluation reaches this")
-    parser.add_argument("--scores", type=_numbers, default=[0.0, 10.0, 18.0], help="default 0,10,18")
+    parser.add_argument("--scores", type=score_list, default=[0.0, 10.0, 18.0], help="default 0,10,18")
+    parser.add_argument("--kill-collector-at", type=float, default=None, metavar="MINUTES",
+                        help="SIGKILL collector0 this many minutes after launch (its launcher starts a new one)")
+    parser.add_argument("--kill-learner-at", type=float, default=None, metavar="MINUTES",
+                        help="SIGKILL the learner this many minutes after launch, then resume the run")
+    parser.add_argument("--downtime", type=float, default=30.0, metavar="SECONDS",
+                        help="seconds between the killed learner's run stopping and its resumption (default 30)")
     parser.add_argument("--prefix", default="", help="run names are <prefix>-s<seed> (default: the config's name "
                                                      "and the time)")
     args = parser.parse_args()
@@ -141,14 +187,23 @@ def main() -> int:
     for seed in seeds:
         name = f"{prefix}-s{seed}"
         folder = runs_dir() / name
-        wall = run_one(args.config, seed, name, args.overrides, 60 * args.minutes, args.stop_at,
-                       runs_dir() / f"{name}.log")
+        faults = Faults(None if args.kill_collector_at is None else 60 * args.kill_collector_at,
+                        None if args.kill_learner_at is None else 60 * args.kill_learner_at, args.downtime)
+        launched, wall = run_one(args.config, seed, name, args.overrides, 60 * args.minutes, args.stop_at,
+                                 runs_dir() / f"{name}.log", faults)
         try:
             results[name] = read_evals(folder)
         except PlotError as e:
             print(f"  {e}", flush=True)
             continue
-        print(f"  {minutes(wall)} from launch to exit; " + where_time_went(folder), flush=True)
+        print(f"  {duration(wall)} from launch to exit; " + where_time_went(folder), flush=True)
+        if faults != Faults():
+            # The run's clock leaves out the time between the learner's death and the resumed launch.
+            for score in args.scores:
+                if (point := first_reaching(results[name], score)) is not None:
+                    print(f"  reached {score:g} {duration(point.logged_at - launched)} from the first launch in wall "
+                          f"time ({duration(point.seconds)} on the run's clock), at {point.env_steps:,} env steps",
+                          flush=True)
     if not results:
         return 1
     print()

@@ -42,7 +42,7 @@ def main() -> int:
         network = QNetwork.for_env(env.spec.obs_shape, env.spec.num_actions, cfg.network, "cpu").eval()
         started = time.monotonic()
         try:
-            scores = torch.tensor(play(env, network, 1.0, torch.Generator().manual_seed(args.seed)))
+            scores = torch.tensor(play(env, network, args.episodes, 1.0, torch.Generator().manual_seed(args.seed)))
         finally:
             env.close()
         print(f"{Path(path).name:<22} {cfg.env.id:<22} {args.episodes:>8} "

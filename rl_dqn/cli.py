@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from rl_dqn.config import Config, ConfigError, load_config, save_config
+from rl_dqn.console import OneLineParser
 
 RUNS_DIR = Path(os.environ.get("RL_DQN_RUNS_DIR") or Path(__file__).resolve().parents[1] / "runs")
 # time.time() when the run's command started, handed down to the processes it starts: the run's clock (time to a
@@ -29,14 +30,9 @@ RUNS_DIR = Path(os.environ.get("RL_DQN_RUNS_DIR") or Path(__file__).resolve().pa
 LAUNCHED_AT_ENV = "RL_DQN_LAUNCHED_AT"
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        self.exit(2, f"rl_dqn: error: {message} (usage: {self.format_usage().strip().removeprefix('usage: ')})\n")
-
-
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m rl_dqn", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = OneLineParser(prog="python -m rl_dqn", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     for name, text in (("local", "learner and collectors on this node"), ("learner", "the learner process"),
                        ("collectors", "this node's collector processes"), ("collector", "one collector process"),
                        ("worker", "the learner (rank 0) or one collector, by cluster.rank or RANK")):

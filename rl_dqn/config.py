@@ -327,9 +327,15 @@ class EvalConfig:
     """env steps of the run between evaluations (greedy episodes in a process of the learner's node that feeds no
     replay); 0 = none"""
     episodes: int = 10
-    """episodes per evaluation, played side by side"""
+    """episodes per evaluation: the first this many started (see eval.envs)"""
+    envs: int = 8
+    """envs the evaluation plays side by side, each one episode after another until eval.episodes have started
+    (with one env per episode, every env steps on until the longest episode ends)"""
     epsilon: float = 0.01
     """epsilon of the evaluation episodes (0.001 - 0.05 is usual for Atari)"""
+    max_episode_frames: int = 0
+    """evaluation episodes are cut after this many emulator frames and score what they scored so far (18,000 = the
+    5 minutes of play of Nature DQN's evaluation; Atari); 0 = env.max_episode_frames"""
     torch_threads: int = 1
     """torch intra-op threads of the evaluation process"""
     video: bool = False
@@ -342,6 +348,8 @@ class EvalConfig:
         _require(self.video_max_steps >= 1, "eval.video_max_steps", f"must be >= 1, got {self.video_max_steps}")
         _require(self.every_env_steps >= 0, "eval.every_env_steps", f"must be >= 0, got {self.every_env_steps}")
         _require(self.episodes >= 1, "eval.episodes", f"must be >= 1, got {self.episodes}")
+        _require(self.envs >= 1, "eval.envs", f"must be >= 1, got {self.envs}")
+        _require(self.max_episode_frames >= 0, "eval.max_episode_frames", f"must be >= 0, got {self.max_episode_frames}")
         _require(0.0 <= self.epsilon <= 1.0, "eval.epsilon", f"must be in [0, 1], got {self.epsilon}")
         _require(self.torch_threads >= 1, "eval.torch_threads", f"must be >= 1, got {self.torch_threads}")
 
@@ -382,11 +390,21 @@ class Config:
             _require(last < world_size, "cluster.rank",
                      f"this node's collectors take ranks {self.cluster.rank}..{last}, beyond cluster.world_size "
                      f"{world_size}; lower collectors.count or raise cluster.world_size")
+        _require(self.eval.max_episode_frames == 0 or self.eval.max_episode_frames >= self.env.frame_skip,
+                 "eval.max_episode_frames", f"must be 0 or >= env.frame_skip ({self.env.frame_skip}), got "
+                                            f"{self.eval.max_episode_frames}")
         lane_steps = self.train.replay_capacity // self.num_envs
         need = 2 * self.collectors.chunk_steps + self.env.frame_stack + self.train.n_step + 1
         _require(lane_steps >= need, "train.replay_capacity",
                  f"must hold at least {need} steps for each of the run's {self.num_envs} envs "
                  f"(>= {need * self.num_envs}), got {self.train.replay_capacity}")
+
+    @property
+    def eval_env(self) -> EnvConfig:
+        """The env of evaluation episodes: training's, cut at eval.max_episode_frames where that is set."""
+        if self.eval.max_episode_frames == 0:
+            return self.env
+        return dataclasses.replace(self.env, max_episode_frames=self.eval.max_episode_frames)
 
     @property
     def world_size(self) -> int:

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 # A collector's machine-readable progress line starts with its role and this mark; a node's launcher sums them,
 # and sets PROGRESS_ENV=1 for the processes it starts so that they write these lines.
 PROGRESS_MARK = "@progress"
 PROGRESS_ENV = "RL_DQN_PROGRESS_LINES"
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Command-line parsing whose errors are one line, `<name>: error: <message> (usage: ...)`, and exit code 2."""
+
+    name = "rl_dqn"
+
+    def error(self, message):
+        usage = " ".join(self.format_usage().split()).removeprefix("usage: ")
+        self.exit(2, f"{self.name}: error: {message} (usage: {usage})\n")
 
 
 def say(role: str, message: str) -> None:

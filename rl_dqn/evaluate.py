@@ -52,33 +52,42 @@ def latest_checkpoint(run_dir: Path) -> Path:
     return checkpoints[-1]
 
 
-def play(env, network: QNetwork, epsilon: float, generator: torch.Generator,
+def play(env, network: QNetwork, episodes: int, epsilon: float, generator: torch.Generator,
          record: Callable[[np.ndarray], None] | None = None, record_steps: int = 0) -> list[float]:
-    """Raw scores of one episode per env of `env` (a vector env), all stepped together, each env scoring the first
-    episode it finishes after a reset. `record` is handed env 0's screen (the env must keep it) at the episode's
-    start and after each of its steps, up to `record_steps` steps."""
+    """Raw scores of the first `episodes` episodes started in `env`, a vector env whose envs are stepped together
+    and each play episodes one after another. Whether an episode counts is settled when it starts, before its
+    outcome is known, so that short and long games count alike; an env whose episode does not count idles on until
+    the last counted one ends. Fewer envs than episodes waste less of that idling than one episode per env, where
+    every env waits for the longest. `record` is handed env 0's screen (the env must keep it) at the start of its
+    first episode and after each of that episode's steps, up to `record_steps` steps."""
     n = env.num_envs
     epsilons = torch.full((n,), epsilon)
     returns = torch.zeros(n, dtype=torch.float64)
-    scores = torch.zeros(n, dtype=torch.float64)
-    done = torch.zeros(n, dtype=torch.bool)
+    counted = torch.arange(n) < episodes        # the episode each env is playing counts
+    started = int(counted.sum())
+    scores: list[float] = []
     obs = env.reset()
-    recorded = 0
-    if record is not None:
+    recording, recorded = record is not None, 0
+    if recording:
         record(env.screen)
-    while not done.all():
+    while len(scores) < episodes:
         with torch.inference_mode():
             actions = dqn.select_actions(network(obs), epsilons, generator)
         result = env.step(actions)
         returns += result.raw_reward
-        ended = result.episode_end & ~done
-        scores[ended] = returns[ended]
-        if record is not None and not done[0] and recorded < record_steps:
+        ended = result.episode_end
+        if recording and recorded < record_steps:
             record(env.screen)
             recorded += 1
-        done |= ended
+        recording = recording and not ended[0]
+        scores += returns[ended & counted].tolist()
+        returns[ended] = 0.0
+        # Each env whose episode ended starts its next one on its next step (the reset step, with no reward).
+        for i in ended.nonzero().flatten().tolist():
+            counted[i] = started < episodes
+            started += int(counted[i])
         obs = result.obs
-    return scores.tolist()
+    return scores
 
 
 def load_player(checkpoint: Path) -> tuple[Config, QNetwork]:
@@ -96,9 +105,9 @@ def evaluate(checkpoint: Path, episodes: int = 20, epsilon: float | None = None,
     """Raw scores of `episodes` episodes played by the checkpoint's network, epsilon-greedy (`None`: the run's
     eval.epsilon); env 0's screens go to `record`, as `play` says."""
     cfg, network = load_player(checkpoint)
-    env = make_vector_env(cfg.env, episodes, seed=seed, screen=record is not None)
+    env = make_vector_env(cfg.eval_env, min(cfg.eval.envs, episodes), seed=seed, screen=record is not None)
     try:
-        return play(env, network, cfg.eval.epsilon if epsilon is None else epsilon,
+        return play(env, network, episodes, cfg.eval.epsilon if epsilon is None else epsilon,
                     torch.Generator().manual_seed(seed), record, record_steps)
     finally:
         env.close()
@@ -162,7 +171,8 @@ def _evaluator_main(cfg_dict: dict, requests, results) -> None:
     env = None
     try:
         record = cfg.eval.video_max_steps if cfg.eval.video else 0
-        env = make_vector_env(cfg.env, cfg.eval.episodes, seed=cfg.run.seed * 100_000 + 99_999, screen=record > 0)
+        env = make_vector_env(cfg.eval_env, min(cfg.eval.envs, cfg.eval.episodes),
+                              seed=cfg.run.seed * 100_000 + 99_999, screen=record > 0)
         network = QNetwork.for_env(env.spec.obs_shape, env.spec.num_actions, cfg.network, "cpu").for_acting()
         generator = torch.Generator().manual_seed(cfg.run.seed + 99_999)
         while (request := requests.get()) is not None:
@@ -170,7 +180,8 @@ def _evaluator_main(cfg_dict: dict, requests, results) -> None:
             network.load_state_dict(state)
             started, cpu = time.monotonic(), time.process_time()
             frames: list[np.ndarray] = []
-            scores = play(env, network, cfg.eval.epsilon, generator, frames.append if record else None, record)
+            scores = play(env, network, cfg.eval.episodes, cfg.eval.epsilon, generator,
+                          frames.append if record else None, record)
             video = gif_bytes(frames, fps_of(cfg.env.frame_skip)) if record else None
             results.put((env_steps, elapsed_s, version, scores, video, time.monotonic() - started,
                          time.process_time() - cpu))

@@ -15,12 +15,15 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
+from rl_dqn.console import OneLineParser, duration
+
 
 class EvalPoint(NamedTuple):
     env_steps: int      # env steps of the run when the evaluated weights were taken
     seconds: float      # seconds on the run's clock (from launch) when the round's score was known
     mean: float         # mean raw score of the round's episodes
     std: float          # their standard deviation
+    logged_at: float = 0.0   # time.time() when the learner logged it (a resumed run's clock leaves out downtime)
 
 
 class PlotError(ValueError):
@@ -40,18 +43,15 @@ def read_evals(run_dir: Path) -> list[EvalPoint]:
     wanted = ("eval/episode_return", "eval/episode_return_std", "eval/time_from_launch_s")
     if not set(wanted) <= tags:
         raise PlotError(f"{run_dir} has no evaluations with times (eval.every_env_steps=0, or no round finished)")
-    columns = [{e.step: e.value for e in events.Scalars(tag)} for tag in wanted]
+    columns = [{e.step: e for e in events.Scalars(tag)} for tag in wanted]
     steps = sorted(set(columns[0]) & set(columns[1]) & set(columns[2]))
-    return [EvalPoint(step, columns[2][step], columns[0][step], columns[1][step]) for step in steps]
+    return [EvalPoint(step, columns[2][step].value, columns[0][step].value, columns[1][step].value,
+                      columns[2][step].wall_time) for step in steps]
 
 
 def first_reaching(points: list[EvalPoint], score: float) -> EvalPoint | None:
     """The first evaluation whose mean score is at least `score`."""
     return next((p for p in points if p.mean >= score), None)
-
-
-def minutes(seconds: float) -> str:
-    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
 
 
 def table(runs: dict[str, list[EvalPoint]], scores: list[float]) -> str:
@@ -60,10 +60,10 @@ def table(runs: dict[str, list[EvalPoint]], scores: list[float]) -> str:
     rows = []
     for label, points in runs.items():
         reached = [first_reaching(points, s) for s in scores]
-        cells = [f"{minutes(p.seconds)} ({p.env_steps / 1e3:,.0f}k)" if p is not None else "not reached"
+        cells = [f"{duration(p.seconds)} ({p.env_steps / 1e3:,.0f}k)" if p is not None else "not reached"
                  for p in reached]
         last = points[-1]
-        rows.append([label, str(len(points)), *cells, f"{last.mean:.1f} at {minutes(last.seconds)}",
+        rows.append([label, str(len(points)), *cells, f"{last.mean:.1f} at {duration(last.seconds)}",
                      f"{max(p.mean for p in points):.1f}"])
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [head, *rows])
@@ -98,7 +98,8 @@ def draw(runs: dict[str, list[EvalPoint]], out: Path, targets: list[float] = (),
     plt.close(figure)
 
 
-def _numbers(text: str) -> list[float]:
+def score_list(text: str) -> list[float]:
+    """`0,10,18` as numbers, for an argparse type."""
     try:
         return [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
@@ -106,12 +107,13 @@ def _numbers(text: str) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rl_dqn.plot", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="python -m rl_dqn.plot", description=__doc__.split("\n\n")[0])
+    parser.name = "plot"
     parser.add_argument("runs", nargs="+", type=Path, help="run folders, e.g. runs/<name>")
     parser.add_argument("--out", type=Path, default=Path("curve.png"), help="the PNG to write (default curve.png)")
     parser.add_argument("--labels", default="", help="a label per run, separated by commas (default: folder names)")
-    parser.add_argument("--target", type=_numbers, default=[], help="scores drawn as dashed lines, e.g. 18")
-    parser.add_argument("--scores", type=_numbers, default=[0.0, 10.0, 18.0],
+    parser.add_argument("--target", type=score_list, default=[], help="scores drawn as dashed lines, e.g. 18")
+    parser.add_argument("--scores", type=score_list, default=[0.0, 10.0, 18.0],
                         help="scores whose time the table gives (default 0,10,18)")
     parser.add_argument("--title", default="", help="a title over the figure")
     args = parser.parse_args(argv)

@@ -66,6 +66,10 @@ def test_overrides_convert_like_a_person_means_them(tmp_path):
     ("cluster.init_method=tcp://10.0.0.1:99999", "cluster.init_method", "port 1-65535"),
     ("run.name=../escape", "run.name", "folder name"),
     ("lr=1", "lr=1", "section.key=value"),
+    ("network.torso=resnet", "network.torso", "one of nature, nips"),
+    ("network.precision=fp16", "network.precision", "one of auto, fp32, bf16"),
+    ("eval.envs=0", "eval.envs", ">= 1"),
+    ("eval.max_episode_frames=2", "eval.max_episode_frames", "0 or >= env.frame_skip (4)"),
 ])
 def test_bad_values_name_their_key(override, key, allowed):
     with pytest.raises(ConfigError) as error:

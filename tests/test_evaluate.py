@@ -1,0 +1,62 @@
+"""Evaluation rounds: which episodes a round scores when its envs play several one after another."""
+
+from __future__ import annotations
+
+import torch
+
+from envs import EnvSpec, StepResult, VectorEnv
+from rl_dqn.evaluate import play
+from rl_dqn.network import QNetwork
+
+
+class ScriptedEpisodes(VectorEnv):
+    """Envs whose episodes last given numbers of steps, scoring 1 per step, with next-step autoreset as the real
+    envs do: the step after an episode's end is its env's reset step (`first`, no reward)."""
+
+    def __init__(self, lengths: list[list[int]]):
+        self.lengths = [list(env) for env in lengths]
+        self.num_envs = len(lengths)
+        self.spec = EnvSpec((1, 2), torch.float32, 2)
+        self.left = [env.pop(0) for env in self.lengths]   # steps left in each env's current episode
+        self.resetting = [False] * self.num_envs
+
+    def reset(self) -> torch.Tensor:
+        return torch.zeros(self.num_envs, 1, 2)
+
+    def step(self, actions: torch.Tensor) -> StepResult:
+        reward, ended, first = torch.zeros(self.num_envs), torch.zeros(self.num_envs, dtype=torch.bool), \
+            torch.tensor(self.resetting)
+        for i in range(self.num_envs):
+            if self.resetting[i]:
+                self.resetting[i] = False
+                self.left[i] = self.lengths[i].pop(0) if self.lengths[i] else 10**6
+                continue
+            reward[i] = 1.0
+            self.left[i] -= 1
+            ended[i] = self.resetting[i] = self.left[i] == 0
+        none = torch.zeros(self.num_envs, dtype=torch.bool)
+        return StepResult(self.reset(), reward, reward, ended, none, ended, first)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_round_scores_the_first_episodes_started_whatever_their_length():
+    # Env 0 plays episodes of 3, 10, 2, ... steps; env 1 of 5, 1, 12, ... Started in order: 3 and 5 at the start,
+    # 10 after step 3, 1 after step 5, 12 after step 7 (5 episodes). The 2-step episode env 0 starts after step 14
+    # is the 6th: it does not count, though it ends (step 17) before the counted 12-step one (step 20).
+    env = ScriptedEpisodes([[3, 10, 2, 4], [5, 1, 12, 9]])
+    network = QNetwork((1, 2), 2, mlp_hidden=(4,)).for_acting()
+    scores = play(env, network, episodes=5, epsilon=0.0, generator=torch.Generator().manual_seed(0))
+    assert sorted(scores) == [1.0, 3.0, 5.0, 10.0, 12.0]
+
+
+def test_a_round_with_an_env_per_episode_scores_each_envs_first_episode():
+    env = ScriptedEpisodes([[4, 1], [2, 1], [6, 1]])
+    network = QNetwork((1, 2), 2, mlp_hidden=(4,)).for_acting()
+    recorded = []
+    env.screen = "screen"
+    scores = play(env, network, episodes=3, epsilon=0.0, generator=torch.Generator().manual_seed(0),
+                  record=recorded.append, record_steps=100)
+    assert sorted(scores) == [2.0, 4.0, 6.0]
+    assert len(recorded) == 1 + 4   # env 0's first episode: its start and each of its 4 steps
