@@ -1,12 +1,18 @@
-"""Evaluation rounds: which episodes a round scores when its envs play several one after another."""
+"""Evaluation rounds: which episodes a round scores when its envs play several one after another, and the
+evaluation time limit."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
-from envs import EnvSpec, StepResult, VectorEnv
+from envs import EnvSpec, StepResult, VectorEnv, make_vector_env
+from rl_dqn.config import load_config
 from rl_dqn.evaluate import play
 from rl_dqn.network import QNetwork
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class ScriptedEpisodes(VectorEnv):
@@ -60,3 +66,19 @@ def test_a_round_with_an_env_per_episode_scores_each_envs_first_episode():
                   record=recorded.append, record_steps=100)
     assert sorted(scores) == [2.0, 4.0, 6.0]
     assert len(recorded) == 1 + 4   # env 0's first episode: its start and each of its 4 steps
+
+
+def test_evaluation_episodes_end_at_the_evaluation_time_limit_and_score_what_they_scored():
+    cfg = load_config(ROOT / "configs/pong_cpu.yaml", ["eval.max_episode_frames=400"])
+    assert cfg.eval_env.max_episode_frames == 400 and cfg.env.max_episode_frames == 108_000
+    assert load_config(ROOT / "configs/pong_cpu.yaml", ["eval.max_episode_frames=0"]).eval_env == cfg.env
+    env = make_vector_env(cfg.eval_env, 2, seed=3, screen=True)
+    network = QNetwork.for_env(env.spec.obs_shape, env.spec.num_actions, cfg.network, "cpu").for_acting()
+    steps = []
+    try:
+        scores = play(env, network, episodes=3, epsilon=1.0, generator=torch.Generator().manual_seed(0),
+                      record=steps.append, record_steps=10_000)
+    finally:
+        env.close()
+    assert len(steps) == 1 + 400 // cfg.env.frame_skip   # env 0's first episode: cut after 100 agent steps
+    assert len(scores) == 3 and all(-21 <= s <= 0 for s in scores)
