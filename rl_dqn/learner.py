@@ -611,8 +611,15 @@ class Learner:
         self.weights_version = counters["weights_version"]
         self._next_eval, self._best_eval = schedule["next_eval"], schedule["best_eval"]
         self._started -= schedule["elapsed_s"]
-        self.generator.set_state(state["generator"])
         self._take_prepared()
+        if state["generator"].numel() == self.generator.get_state().numel():
+            self.generator.set_state(state["generator"])
+        else:
+            # A checkpoint of a run on the other kind of device (a CPU generator's state is 5,056 bytes, a CUDA
+            # one's 16): sampling goes on from a seed of the run and its updates instead of the saved stream.
+            self.generator.manual_seed(self.cfg.run.seed * 1_000_003 + self.updates)
+            say("learner", f"the checkpoint's sampling state is not a {self.device.type} generator's: the run goes "
+                           f"on with batches drawn from a new seed")
         replay = state.get("replay_file")
         if replay is not None:
             self.replay.load_state_dict(torch.load(path.parent / replay, map_location="cpu", weights_only=True))

@@ -181,6 +181,23 @@ def test_checkpoints_are_complete_pruned_and_resume_everything(tmp_path):
     assert all(torch.equal(x, y) for x, y in zip(fresh.network.parameters(), learner.network.parameters()))
 
 
+def test_a_checkpoint_from_the_other_kind_of_device_resumes_with_a_new_sampling_seed(tmp_path, capsys):
+    learner = make_learner(tmp_path)
+    learner.ingest(chain_chunk(0, 0, episodes=30))
+    learner.step()
+    path = learner.save_checkpoint()
+    state = torch.load(path, weights_only=True)
+    state["generator"] = torch.zeros(16, dtype=torch.uint8)   # a CUDA generator's state: seed and offset
+    torch.save(state, path)
+    fresh = make_learner(tmp_path / "again")
+    fresh.restore(path)
+    assert "not a cpu generator's: the run goes on with batches drawn from a new seed" in capsys.readouterr().out
+    assert all(torch.equal(x, y) for x, y in zip(fresh.network.parameters(), learner.network.parameters()))
+    assert len(fresh.replay) == len(learner.replay)
+    fresh.step()
+    assert fresh.updates == 2
+
+
 def test_the_best_evaluated_network_is_kept_with_its_score(tmp_path):
     learner = make_learner(tmp_path, "eval.every_env_steps=60", "eval.episodes=3", "eval.epsilon=0")
     played, scores = [], []

@@ -219,7 +219,11 @@ class Registry:
             except RuntimeError:
                 info = None      # never joined, or forgotten already
             if info is not None:
-                agent._update_group_membership(info, [], {}, False)
+                # On a leave TensorPipe keeps only the devices it is handed (TensorPipeAgent::updateGroupMembership
+                # erases the rest), so hand it this process's own: with none, a CUDA learner loses its GPU and its
+                # next CUDA send fails ("No stream found for device"). The learner's answers to collectors carry
+                # no tensors, so they need no reverse device maps.
+                agent._update_group_membership(info, list(agent._get_backend_options().devices), {}, False)
             self._trim()
 
     def keep_learner_only(self) -> None:

@@ -1,0 +1,37 @@
+"""The learner's membership bookkeeping, on the CPU side of what it hands torch's RPC agent."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+import torch.distributed.rpc as rpc
+
+from rl_dqn.transport import membership
+
+
+def test_forgetting_a_collector_hands_the_agent_the_learners_own_devices(monkeypatch):
+    """On a leave TensorPipe keeps only the devices it is handed: a CUDA learner that handed none would lose its
+    GPU's streams. This checks what is handed (a CUDA run checks the effect: doctor.sh --gpu)."""
+    calls = []
+
+    class Agent:   # what forget() uses of torch's TensorPipeAgent, for a learner configured with cuda:0
+        def get_worker_info(self, name):
+            return SimpleNamespace(name=name, id=3)
+
+        def _get_backend_options(self):
+            return SimpleNamespace(devices=[torch.device("cuda:0")])
+
+        def _update_group_membership(self, info, devices, reverse_device_maps, is_join):
+            calls.append((info.name, devices, reverse_device_maps, is_join))
+
+    monkeypatch.setattr(rpc.api, "_get_current_rpc_agent", lambda: Agent())
+    monkeypatch.setattr(rpc, "get_worker_info", lambda: SimpleNamespace(name="learner", id=0))
+    store = dist.HashStore()
+    store.set(membership._MEMBERS_KEY, "learner-0,collector0-3,")
+    store.set(membership._TOKEN_KEY, "")
+    membership.Registry(store, 2, on_replace=lambda slot: None).forget("collector0")
+    assert calls == [("collector0", [torch.device("cuda:0")], {}, False)]
+    assert store.get(membership._MEMBERS_KEY) == b"learner-0,"   # joiners talk to the learner only
+    assert store.get(membership._TOKEN_KEY) == b""                # the join token is free again
