@@ -264,6 +264,8 @@ class LearnerConfig:
 
 
 TENSORPIPE_TRANSPORTS = ("uv", "shm", "ibv")
+TENSORPIPE_CPU_CHANNELS = ("cma", "mpt_uv", "basic")
+TENSORPIPE_CUDA_CHANNELS = ("cuda_xth", "cuda_ipc", "cuda_gdr", "cuda_basic")
 
 
 @dataclass(frozen=True)
@@ -278,6 +280,13 @@ class TransportConfig:
     tensorpipe_transports: tuple[str, ...] = ("uv",)
     """TensorPipe transports, in order of preference: uv (TCP; idles at 0% CPU), shm (same-host shared memory;
     busy-polls a core per process), ibv (InfiniBand)"""
+    tensorpipe_channels: tuple[str, ...] = ("cma", "mpt_uv", "basic", "cuda_xth", "cuda_ipc", "cuda_basic")
+    """TensorPipe channels that move tensors, in order of preference (per tensor, the first that both ends can use):
+    for host memory cma (between processes of one host), mpt_uv (TCP over several connections), basic (over the
+    transport); for GPU memory cuda_xth (within a process), cuda_ipc (between processes of one host), cuda_gdr
+    (GPUDirect RDMA over InfiniBand), cuda_basic (staged through host memory). The default leaves out cuda_gdr,
+    whose setup fails inside init_rpc on some hosts with RDMA NICs (pytorch/pytorch#130513); name it where
+    GPUDirect RDMA works. CUDA channels are used only by a CUDA build of torch"""
     rpc_timeout_s: float = 20.0
     """seconds a call (a weights broadcast, a ping, a stop) may take before its peer is taken for lost: a hung peer
     is found within 5 s + this"""
@@ -289,6 +298,15 @@ class TransportConfig:
         _require(len(transports) >= 1 and set(transports) <= set(TENSORPIPE_TRANSPORTS),
                  "transport.tensorpipe_transports",
                  f"must be a non-empty list of {', '.join(TENSORPIPE_TRANSPORTS)}, got {list(transports)}")
+        channels = self.tensorpipe_channels
+        known = TENSORPIPE_CPU_CHANNELS + TENSORPIPE_CUDA_CHANNELS
+        _require(set(channels) <= set(known) and set(channels) & set(TENSORPIPE_CPU_CHANNELS),
+                 "transport.tensorpipe_channels",
+                 f"must list channels of {', '.join(known)}, at least one of {', '.join(TENSORPIPE_CPU_CHANNELS)}, "
+                 f"got {list(channels)}")
+        _require(self.kind != "cuda" or set(channels) & set(TENSORPIPE_CUDA_CHANNELS),
+                 "transport.tensorpipe_channels", f"must list a CUDA channel ({', '.join(TENSORPIPE_CUDA_CHANNELS)}) "
+                                                  f"when transport.kind is cuda, got {list(channels)}")
         _require(self.rpc_timeout_s > 0, "transport.rpc_timeout_s", f"must be > 0, got {self.rpc_timeout_s}")
         _require(self.worker_threads >= 2, "transport.worker_threads", f"must be >= 2, got {self.worker_threads}")
 
@@ -349,7 +367,8 @@ class EvalConfig:
         _require(self.every_env_steps >= 0, "eval.every_env_steps", f"must be >= 0, got {self.every_env_steps}")
         _require(self.episodes >= 1, "eval.episodes", f"must be >= 1, got {self.episodes}")
         _require(self.envs >= 1, "eval.envs", f"must be >= 1, got {self.envs}")
-        _require(self.max_episode_frames >= 0, "eval.max_episode_frames", f"must be >= 0, got {self.max_episode_frames}")
+        _require(self.max_episode_frames >= 0, "eval.max_episode_frames",
+                 f"must be >= 0, got {self.max_episode_frames}")
         _require(0.0 <= self.epsilon <= 1.0, "eval.epsilon", f"must be in [0, 1], got {self.epsilon}")
         _require(self.torch_threads >= 1, "eval.torch_threads", f"must be >= 1, got {self.torch_threads}")
 

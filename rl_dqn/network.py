@@ -141,9 +141,9 @@ class QNetwork(nn.Module):
 
     def inputs(self, obs: torch.Tensor) -> torch.Tensor:
         """What the first layer takes: uint8 frames scaled to [0, 1] in the compute dtype and the network's layout,
-        in one pass over the batch (the division in float32, stored in bfloat16 under bf16), other observations as float32. forward()
-        calls it; a caller that feeds one batch to two networks (the learner's s' to the online and the target
-        network) calls it once and passes its result, which it returns unchanged."""
+        in one pass over the batch (the division in float32, stored in bfloat16 under bf16), other observations as
+        float32. forward() calls it; a caller that feeds one batch to two networks (the learner's s' to the online
+        and the target network) calls it once and passes its result, which it returns unchanged."""
         if obs.dtype == torch.uint8:
             layout = torch.channels_last if self.channels_last and obs.dim() == 4 else torch.contiguous_format
             scaled = torch.empty(obs.shape, dtype=self.compute_dtype, device=obs.device, memory_format=layout)

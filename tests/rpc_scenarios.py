@@ -45,7 +45,12 @@ def make_chunk(collector: int, seq: int, kind: str = "cpu") -> Chunk:
 
 
 def weights(version: int, kind: str = "cpu") -> Weights:
-    return Weights(version, {"w": torch.full((3,), float(version), device=device(kind))})
+    """Contents that say their version (never zeros, which unwritten memory may also hold)."""
+    return Weights(version, {"w": torch.full((3,), version + 0.25, device=device(kind))})
+
+
+def intact(received: Weights) -> bool:
+    return torch.equal(received.state["w"].cpu(), weights(received.version).state["w"])
 
 
 def _wait(condition, timeout: float, what: str) -> None:
@@ -100,6 +105,7 @@ def contract_collector(port: int, kind: str, index: int, events) -> None:
     try:
         first = transport.wait_weights(timeout=30)
         events.put((f"collector{index}", "weights", first.version))
+        events.put((f"collector{index}", "weights intact", intact(first)))
         for seq in range(4 if index == 0 else 2):
             ack = transport.send(make_chunk(index, seq, kind))
             events.put((f"collector{index}", "sent", seq))
@@ -112,6 +118,7 @@ def contract_collector(port: int, kind: str, index: int, events) -> None:
             if w is not None:
                 versions.append(w.version)
                 events.put((f"collector{index}", "weights device", str(w.state["w"].device)))
+                events.put((f"collector{index}", "weights intact", intact(w)))
             time.sleep(0.01)
         w = transport.poll_weights()   # collector0 was waiting on an answer while the weights arrived
         if w is not None:

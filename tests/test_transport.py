@@ -54,8 +54,11 @@ def test_chunks_answers_throttle_weights_and_stop(kind):
                             (rpc_scenarios.contract_collector, (port, kind, 1))])
     by = {(who, what): value for who, what, value in events}
     order = [(who, what, value) for who, what, value in events]
-    # Both collectors start from the learner's first weights.
+    # Both collectors start from the learner's first weights, and every weights they get hold what was sent (the
+    # first come as a CPU copy made on an RPC thread, which must wait for the GPU work that made them).
     assert by[("collector0", "weights")] == 0 and by[("collector1", "weights")] == 0
+    assert [v for who, what, v in events if what == "weights intact"] and \
+        all(v for who, what, v in events if what == "weights intact"), events
     # Over the cuda transport, chunks land on the learner's GPU and weights on the collectors', no host staging.
     expected = "cuda:0" if kind == "cuda" else "cpu"
     assert {v for who, what, v in events if what in ("chunk device", "weights device")} == {expected}

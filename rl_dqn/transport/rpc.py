@@ -76,6 +76,19 @@ def _request_stop() -> None:
     _endpoint._on_stop()
 
 
+def built_channels(names) -> list[str]:
+    """Those of TensorPipe channels `names` that this torch build has (its CUDA channels only in a CUDA build: the
+    backend options refuse a name the build lacks)."""
+    built = []
+    for name in names:
+        try:
+            rpc.TensorPipeRpcBackendOptions(init_method="tcp://127.0.0.1:1", _channels=[name])
+        except RuntimeError:
+            continue
+        built.append(name)
+    return built
+
+
 def _options(cfg: Config, placement: Placement, host: str, port: int) -> rpc.TensorPipeRpcBackendOptions:
     options = rpc.TensorPipeRpcBackendOptions(
         num_worker_threads=cfg.transport.worker_threads,
@@ -83,6 +96,7 @@ def _options(cfg: Config, placement: Placement, host: str, port: int) -> rpc.Ten
         rpc_timeout=cfg.cluster.join_timeout_s,
         init_method=f"{membership.SCHEME}://{host}:{port}",
         _transports=list(cfg.transport.tensorpipe_transports),
+        _channels=built_channels(cfg.transport.tensorpipe_channels),
     )
     for peer, gpus in placement.device_maps.items():
         options.set_device_map(peer, gpus)
@@ -147,10 +161,12 @@ def _leave() -> None:
 
 
 def _arrival(tensors) -> torch.cuda.Event | None:
-    """On an RPC thread: an event after which tensors that arrived on a GPU are complete.
+    """An event after which the work this thread's stream has queued on `tensors` (those on a GPU) is complete.
 
-    TensorPipe orders a request's incoming copies before the stream it runs the handler on, and nothing else;
-    the tensors are used later on another thread's stream, which must wait for this event first."""
+    On an RPC thread, for tensors that arrived: TensorPipe orders a request's incoming copies before the stream it
+    runs the handler on, and nothing else; the tensors are used later on another thread's stream, which must wait
+    for this event first. On the learner's thread, for weights it publishes: a collector that joins later gets
+    them copied on an RPC thread, whose stream must wait for it as well."""
     device = next((t.device for t in tensors if isinstance(t, torch.Tensor) and t.is_cuda), None)
     if device is None:
         return None
@@ -216,7 +232,8 @@ class LearnerTransport:
         self._pinging: dict[str, Future] = {}
         self._heard: dict[str, float] = {}     # last chunk or answered ping
         self._active: dict[int, int] = {}      # slot -> RPC id of the live process in it
-        self._latest: Weights | None = None
+        # The newest weights, and an event after which the GPU work that made them is done (None on the CPU).
+        self._latest: tuple[Weights, torch.cuda.Event | None] | None = None
         self._env_steps = 0                    # the run's env steps in the newest answer
         self._unanswered: set[Future] = set()  # every chunk's answer until it is sent, so stopping answers all
         self._closed = False
@@ -259,8 +276,11 @@ class LearnerTransport:
             incarnation = self.registry.incarnations[slot] - 1
         self.changes.put(("joined", name, f"process {incarnation + 1} of its slot"))
         self.registry.keep_learner_only()
-        latest = self._latest
-        return None if latest is None else (_on_cpu(latest), self._env_steps)
+        if (latest := self._latest) is None:
+            return None
+        weights, ready = latest
+        _settle(weights.state.values(), ready)   # this RPC thread's stream waits for the publisher's
+        return _on_cpu(weights), self._env_steps
 
     def _on_goodbye(self, slot: int, rpc_id: int) -> None:
         name = worker_name(collector_rank(slot))
@@ -350,7 +370,7 @@ class LearnerTransport:
         receiving skips this version and gets a newer one. Collectors without a device map get a CPU copy.
         `env_steps`, the run's so far, goes to collectors that join later with these weights. Returns how many it
         was sent to."""
-        self._latest = weights
+        self._latest = (weights, _arrival(weights.state.values()))
         if env_steps is not None:
             self._env_steps = max(self._env_steps, env_steps)
         sent, on_cpu = 0, None

@@ -1,4 +1,5 @@
-"""The learner's membership bookkeeping, on the CPU side of what it hands torch's RPC agent."""
+"""What the transport hands torch's RPC agent, checked on the CPU: the devices a leave keeps, the channels it may
+use."""
 
 from __future__ import annotations
 
@@ -35,3 +36,13 @@ def test_forgetting_a_collector_hands_the_agent_the_learners_own_devices(monkeyp
     assert calls == [("collector0", [torch.device("cuda:0")], {}, False)]
     assert store.get(membership._MEMBERS_KEY) == b"learner-0,"   # joiners talk to the learner only
     assert store.get(membership._TOKEN_KEY) == b""                # the join token is free again
+
+
+def test_the_agent_is_handed_the_configured_channels_this_build_has_in_their_order():
+    from rl_dqn.config import TENSORPIPE_CPU_CHANNELS, Config
+    from rl_dqn.transport.rpc import built_channels
+    default = Config().transport.tensorpipe_channels
+    assert "cuda_gdr" not in default   # pytorch/pytorch#130513: its setup can fail inside init_rpc
+    cuda = torch.backends.cuda.is_built()
+    assert built_channels(default) == [c for c in default if c in TENSORPIPE_CPU_CHANNELS or cuda]
+    assert built_channels(["basic", "cma"]) == ["basic", "cma"]
