@@ -111,6 +111,10 @@ def test_mixed_cluster_collectors_without_a_gpu_use_cpu_tensors():
      "sends from cuda:3, but this node has 1 GPU"),
     (["transport.kind=cuda", "collectors.device=cuda:1", "transport.device_map=0_0_0"], 1, 2,
      "transport.device_map", "works on cuda:1 but its map to learner has no entry for GPU 1"),
+    (["transport.kind=cuda", "transport.device_map=0_0_1"], 1, 1, "transport.device_map",
+     "would send its chunks to the learner's cuda:1, but the learner trains on cuda:0 (learner.device=auto)"),
+    (["transport.kind=cuda", "learner.device=cuda:2", "transport.device_map=0_0_0"], 1, 1, "transport.device_map",
+     "map cuda:0 to 2"),
 ])
 def test_placement_errors_name_their_key(overrides, rank, gpus, key, words):
     with pytest.raises(ConfigError) as error:

@@ -80,6 +80,13 @@ def _place_collector(cfg: Config, rank: int, gpu_count: int) -> Placement:
             raise ConfigError("learner.device", "must be a CUDA device when transport.kind is cuda, got cpu")
         explicit = _explicit_maps(cfg, rank, gpu_count, device)
         if LEARNER_RANK in explicit:
+            # Checked here, where it can be: inside init_rpc a map to a GPU the learner lacks fails in the joiner's
+            # group update, which then waits out the store timeout and looks like a learner that never answered.
+            landing = explicit[LEARNER_RANK].get(device.index) if device.type == "cuda" else None
+            if landing is not None and landing != learner_gpu(cfg):
+                raise ConfigError("transport.device_map", f"{worker_name(rank)} would send its chunks to the "
+                                  f"learner's cuda:{landing}, but the learner trains on cuda:{learner_gpu(cfg)} "
+                                  f"(learner.device={cfg.learner.device}); map {device} to {learner_gpu(cfg)}")
             maps[worker_name(LEARNER_RANK)] = explicit[LEARNER_RANK]
         elif device.type == "cuda":
             maps[worker_name(LEARNER_RANK)] = {device.index: learner_gpu(cfg)}
