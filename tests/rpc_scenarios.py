@@ -137,7 +137,7 @@ def _learner_that_took_a_chunk(port: int, kind: str) -> LearnerTransport:
     """A learner of a one-collector run that has published weights and received a chunk it will not answer."""
     cfg = config(port, kind, world_size=2)
     transport = LearnerTransport(cfg, threading.Event(), place(cfg, 0, torch.cuda.device_count()))
-    transport.publish(weights(0))
+    transport.publish(weights(0, kind))
     _wait(lambda: transport.receive(timeout=0.05), 30, "a chunk")
     return transport
 
@@ -167,7 +167,7 @@ def _send_until_an_error(port: int, kind: str, events, chunks: int, pause_s: flo
     transport.wait_weights(timeout=30)
     try:
         for seq in range(chunks):
-            transport.send(make_chunk(0, seq))
+            transport.send(make_chunk(0, seq, kind))
             time.sleep(pause_s)
         events.put(("collector0", "error", None))
     except TransportError as e:
@@ -184,6 +184,71 @@ def orphaned_collector(port: int, kind: str, events) -> None:
 def waiting_collector(port: int, kind: str, events) -> None:
     """Sends until it has to wait for an answer, and reports how that wait ends."""
     _send_until_an_error(port, kind, events, chunks=10, pause_s=0.0)
+
+
+# ------------------------------------------------------------------------- a collector killed and replaced
+
+
+def replacing_learner(port: int, kind: str, events) -> None:
+    """Answers every chunk and reports who sent it; once a second process of collector0's slot has sent one,
+    publishes new weights to it (over a CUDA run, GPU to GPU: what a learner that lost its GPU to a leave fails)."""
+    cfg = config(port, kind, world_size=2)
+    transport = LearnerTransport(cfg, threading.Event(), place(cfg, 0, torch.cuda.device_count()))
+    try:
+        transport.publish(weights(0, kind))
+        senders, published, deadline = [], False, time.monotonic() + 60
+        while time.monotonic() < deadline and not published:
+            for d in transport.receive(timeout=0.05):
+                expected = make_chunk(d.chunk.collector, d.chunk.seq, kind)
+                same = all(torch.equal(a, b) for a, b in zip(d.chunk, expected) if isinstance(b, torch.Tensor))
+                events.put(("learner", "chunk", (d.chunk.seq, same, str(d.chunk.frames.device))))
+                if d.chunk.sender not in senders:
+                    senders.append(d.chunk.sender)
+                transport.acknowledge(d, Ack(0, stop=False))
+            transport.watch()
+            if len(senders) == 2:
+                events.put(("learner", "published v1 to", transport.publish(weights(1, kind))))
+                published = True
+        _wait(lambda: transport._publishing.get("collector0") is not None
+              and transport._publishing["collector0"].done(), 20, "v1 to arrive")
+        transport.stop_collectors(timeout=10)
+        changes = []
+        while not transport.changes.empty():
+            changes.append(transport.changes.get()[0])
+        events.put(("learner", "changes", changes))
+    finally:
+        transport.close()
+
+
+def killed_collector(port: int, kind: str, events) -> None:
+    """Joins collector0's slot, sends a chunk and dies (SIGKILL)."""
+    cfg = config(port, kind, world_size=2)
+    transport = CollectorTransport(cfg, 0, threading.Event(), place(cfg, 1, torch.cuda.device_count()))
+    transport.wait_weights(timeout=30)
+    transport.send(make_chunk(0, 0, kind))
+    events.put(("killed collector", "sent", 0))
+    events.close()
+    events.join_thread()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def replacement_collector(port: int, kind: str, events) -> None:
+    """Takes collector0's slot after the killed process, sends a chunk, and reports the weights it gets."""
+    cfg = config(port, kind, world_size=2)
+    transport = CollectorTransport(cfg, 0, threading.Event(), place(cfg, 1, torch.cuda.device_count()))
+    try:
+        first = transport.wait_weights(timeout=30)
+        events.put(("replacement", "weights", (first.version, intact(first))))
+        transport.send(make_chunk(0, 0, kind))
+        deadline = time.monotonic() + 30
+        while not transport.stop_requested and time.monotonic() < deadline:
+            w = transport.poll_weights()
+            if w is not None:
+                events.put(("replacement", "weights", (w.version, intact(w), str(w.state["w"].device))))
+            time.sleep(0.01)
+        events.put(("replacement", "stopped", transport.stop_requested))
+    finally:
+        transport.close()
 
 
 # ------------------------------------------------------------------------------------------------ bad data

@@ -36,14 +36,19 @@ def run_processes(targets, timeout: float = 60.0, extra: tuple = ()) -> list[tup
     alive = [p for p in processes if p.is_alive()]
     for p in alive:
         p.kill()
+    reported = drained(events)
+    assert not alive, f"processes still running after {timeout} s; events: {reported}"
+    return reported
+
+
+def drained(events) -> list[tuple]:
+    """Every event on the queue, once its writers are done."""
     reported = []
     while True:
         try:
             reported.append(events.get(timeout=0.5))
         except queue.Empty:
-            break
-    assert not alive, f"processes still running after {timeout} s; events: {reported}"
-    return reported
+            return reported
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -120,6 +125,43 @@ def test_collector_notices_a_hung_learner(kind):
         for p in (learner, collector):
             if p.is_alive():
                 p.kill()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_killed_collectors_replacement_gets_chunks_through_and_new_weights(kind):
+    """A collector killed with SIGKILL is forgotten and a new process takes its slot; the learner's next weights
+    reach the new process, GPU to GPU over the cuda transport (a leave once took the learner's GPU from TensorPipe's
+    device list, and its next CUDA send failed)."""
+    port = free_port()
+    context = multiprocessing.get_context("spawn")
+    events = context.Queue()
+    learner = context.Process(target=rpc_scenarios.replacing_learner, args=(port, kind, events))
+    first = context.Process(target=rpc_scenarios.killed_collector, args=(port, kind, events))
+    replacement = context.Process(target=rpc_scenarios.replacement_collector, args=(port, kind, events))
+    learner.start()
+    first.start()
+    try:
+        first.join(timeout=60)
+        assert first.exitcode == -signal.SIGKILL
+        replacement.start()
+        replacement.join(timeout=60)
+        learner.join(timeout=60)
+        reported = drained(events)
+    finally:
+        for p in (learner, first, replacement):
+            if p.pid is not None and p.is_alive():
+                p.kill()
+    by = {}
+    for who, what, value in reported:
+        by.setdefault((who, what), []).append(value)
+    expected = "cuda:0" if kind == "cuda" else "cpu"
+    assert by[("learner", "chunk")] == [(0, True, expected), (0, True, expected)], reported
+    assert by[("learner", "published v1 to")] == [1]
+    assert by[("replacement", "weights")][0] == (0, True)
+    assert by[("replacement", "weights")][-1] == (1, True, expected)
+    assert by[("replacement", "stopped")] == [True]
+    changes = by[("learner", "changes")][0]
+    assert changes[:2] == ["joined", "lost"] and changes.count("joined") == 2, changes
 
 
 def test_bad_chunks_are_refused_counted_and_replay_stays_intact(tmp_path, monkeypatch):
