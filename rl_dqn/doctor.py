@@ -1,0 +1,314 @@
+"""What this machine is to rl_dqn, in a few seconds, and whether a config can run here as written:
+
+    ./launch/doctor.sh [CONFIG] [section.key=value ...]          (python -m rl_dqn.doctor ...)
+    ./launch/doctor.sh --gpu [CONFIG]                             the GPU acceptance run, about 10-15 minutes
+
+Prints the versions, the CPU's cores and the instruction sets that decide network.precision, the GPUs, the TensorPipe
+transports and channels this torch build has, what each role of the config would run on (device, precision,
+threads), the disk under runs/ against the config's checkpoints, and what it recommends. Exit status 0 when the
+config can run here as written; 2 with one line per problem when it cannot.
+
+`--gpu` is the acceptance run of a GPU machine: the `cuda` tests, the CPU-vs-CUDA transport benchmark, the learner
+benchmark on the GPU and a short training run of the config, each passed or failed with its error and figures, in
+runs/doctor-<date>/report.md, ready to attach to a bug report. On a machine without a GPU it says so and exits 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import NamedTuple
+
+from rl_dqn.config import (TENSORPIPE_CPU_CHANNELS, TENSORPIPE_CUDA_CHANNELS, TENSORPIPE_TRANSPORTS, Config,
+                           ConfigError, load_config)
+from rl_dqn.console import OneLineParser
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CONFIG = "configs/pong_cpu.yaml"
+FRAME_BYTES = 84 * 84 + 39   # a stored Atari transition: its frame and its step's scalars, sum tree and index
+
+
+class Finding(NamedTuple):
+    problems: list[str]          # why the config cannot run here as written (exit 2)
+    recommendations: list[str]   # what would make it run better
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def cpu_lines() -> list[str]:
+    import torch
+    model = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
+                  if line.startswith("model name")), platform.processor() or "unknown CPU")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    sets = {"AVX2": torch.cpu._is_avx2_supported(), "AVX-512": torch.cpu._is_avx512_supported(),
+            "AVX512-BF16": torch.cpu._is_avx512_bf16_supported(), "AMX": torch.cpu._is_amx_tile_supported()}
+    return [f"CPU: {model}, {cores} cores for this process; PyTorch computes with "
+            f"{torch.backends.cpu.get_cpu_capability()}; " + ", ".join(f"{k} {'yes' if v else 'no'}"
+                                                                        for k, v in sets.items())]
+
+
+def gpu_lines() -> list[str]:
+    import torch
+
+    from rl_dqn.network import fast_bfloat16
+    if not torch.cuda.is_available():
+        return ["GPUs: none (torch.cuda.is_available() is False)"]
+    lines = []
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        fast, _ = fast_bfloat16(f"cuda:{i}")
+        lines.append(f"GPU cuda:{i}: {p.name}, {p.total_memory / 2**30:.1f} GiB, compute capability "
+                     f"{p.major}.{p.minor} (bfloat16 {'fast' if fast else 'emulated'})")
+    return lines
+
+
+def tensorpipe_lines(cfg: Config) -> list[str]:
+    import torch.distributed.rpc as rpc
+
+    from rl_dqn.transport.rpc import built_channels
+    transports = []
+    for name in TENSORPIPE_TRANSPORTS:
+        try:
+            rpc.TensorPipeRpcBackendOptions(init_method="tcp://127.0.0.1:1", _transports=[name])
+        except RuntimeError:
+            continue
+        transports.append(name)
+    channels = built_channels(TENSORPIPE_CPU_CHANNELS + TENSORPIPE_CUDA_CHANNELS)
+    used = built_channels(cfg.transport.tensorpipe_channels)
+    return [f"TensorPipe in this torch build: transports {', '.join(transports)}; channels {', '.join(channels)}",
+            f"  the config uses transports {', '.join(cfg.transport.tensorpipe_transports)}; channels "
+            f"{', '.join(used)} (each at run time only where TensorPipe finds it viable)"]
+
+
+def roles(cfg: Config) -> tuple[list[str], list[str]]:
+    """What each role of this node would run on (the learner's node: the learner and, in a one-node run, the
+    collectors; a collector node: its collectors), and recommendations about it."""
+    import torch
+
+    from rl_dqn.learner import torch_threads
+    from rl_dqn.network import describe_precision
+    from rl_dqn.transport import place
+    gpus = torch.cuda.device_count()
+    lines, advice = [], []
+    compute_threads = 2 if cfg.learner.overlap else 1
+    if cfg.cluster.rank == 0:
+        learner = place(cfg, 0, gpus)
+        precision, warning = describe_precision(cfg.network.precision, learner.device)
+        lines.append(f"  learner: {learner.device}, {precision}; {compute_threads} compute thread"
+                     f"{'s' if compute_threads > 1 else ''} x {torch_threads(cfg)} torch thread(s)")
+        advice += [warning] if warning else []
+    if cfg.cluster.single_node or cfg.cluster.rank > 0:
+        # launch/local.sh starts a one-node run's collectors as a collector node of rank 1.
+        node = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, rank=1)) \
+            if cfg.cluster.single_node else cfg
+        for rank in range(node.cluster.rank, node.cluster.rank + cfg.collectors.count):
+            collector = place(node, rank, gpus)
+            precision, warning = describe_precision(cfg.network.precision, collector.device)
+            lines.append(f"  collector{rank - 1}: {collector.device}, {precision}; {cfg.env.envs_per_collector} envs "
+                         f"on {cfg.env.threads_per_collector} env thread(s), {cfg.collectors.torch_threads} torch "
+                         f"thread(s)")
+            if warning and warning not in advice:
+                advice.append(warning)
+    if cfg.eval.every_env_steps and cfg.cluster.rank == 0:
+        lines.append(f"  evaluator: cpu, {min(cfg.eval.envs, cfg.eval.episodes)} envs, {cfg.eval.torch_threads} torch "
+                     f"thread(s), every {cfg.eval.every_env_steps:,} env steps")
+    return lines, advice
+
+
+def disk(cfg: Config, runs_dir: Path) -> tuple[list[str], Finding]:
+    """Free space under runs/ against what the config's checkpoints hold."""
+    folder = runs_dir if runs_dir.exists() else runs_dir.parent
+    free = shutil.disk_usage(folder).free
+    replay = cfg.train.replay_capacity * FRAME_BYTES if cfg.learner.checkpoint_replay and cfg.env.is_atari else 0
+    # While a checkpoint is written the previous replay is still on disk: two of them for a moment.
+    need = 2 * replay + 100 * 2**20
+    lines = [f"disk: {free / 1e9:,.1f} GB free under {folder}; the config's checkpoints hold "
+             + (f"its replay, up to {replay / 1e9:,.1f} GB when full (twice that while a newer one is written)"
+                if replay else "no replay")]
+    problems = []
+    if need > free:
+        problems.append(f"learner.checkpoint_replay: a full replay checkpoint needs {need / 1e9:,.1f} GB and "
+                        f"{folder} has {free / 1e9:,.1f} GB free; set learner.checkpoint_replay=false, lower "
+                        f"train.replay_capacity, or move the runs with RL_DQN_RUNS_DIR")
+    return lines, Finding(problems, [])
+
+
+def load(config: str, overrides: list[str]) -> Config:
+    """The config as this node would run it: a one-node run (launch/local.sh) unless cluster.world_size is set."""
+    path = Path(config) if Path(config).is_file() else ROOT / config
+    cfg = load_config(path, overrides)
+    if cfg.cluster.world_size == 0:
+        cfg = load_config(path, [*overrides, "cluster.single_node=true"])
+    return cfg
+
+
+def check(config: str, overrides: list[str], runs_dir: Path) -> tuple[list[str], Finding]:
+    """Every line of the report and what it found, for `config` as it would run on this machine."""
+    from envs import EnvError, describe_env
+    lines = [f"rl_dqn doctor, {time.strftime('%Y-%m-%d %H:%M')} on {socket.gethostname()}", *software_lines(),
+             *cpu_lines(), *gpu_lines()]
+    try:
+        cfg = load(config, overrides)
+        describe_env(cfg.env)
+        lines += tensorpipe_lines(cfg)
+        lines.append(f"{config} as it would run here:")
+        role_lines, advice = roles(cfg)
+    except ConfigError as e:
+        return lines, Finding([str(e)], [])
+    except EnvError as e:
+        return lines, Finding([f"env.id: {e}"], [])
+    disk_lines, found = disk(cfg, runs_dir)
+    return lines + role_lines + disk_lines, Finding(found.problems, advice)
+
+
+def software_lines() -> list[str]:
+    import torch
+    return [f"software: Python {platform.python_version()}, torch {torch.__version__} (CUDA "
+            f"{torch.version.cuda or 'none in this build'}), gymnasium {_version('gymnasium')}, ale-py "
+            f"{_version('ale-py')}"]
+
+
+# ------------------------------------------------------------------------------------ the GPU acceptance run
+
+
+class Step(NamedTuple):
+    name: str
+    argv: list[str]
+    timeout_s: float
+    env: dict[str, str] = {}
+
+
+class Outcome(NamedTuple):
+    step: Step
+    passed: bool
+    seconds: float
+    output: str          # stdout and stderr together
+    error: str           # one line: why it failed ("" when it passed)
+
+
+def gpu_steps(config: str, overrides: list[str], name: str) -> list[Step]:
+    """What the acceptance run runs, in order: about 10-15 minutes on one GPU."""
+    python = sys.executable
+    return [
+        Step("cuda tests", [python, "-m", "pytest", "-q", "-m", "cuda", "tests/"], 900),
+        # TP_VERBOSE_LOGGING makes TensorPipe say which channel carries each tensor.
+        Step("CPU vs CUDA transport", [python, "benchmarks/transport.py", "--quick"], 600, {"TP_VERBOSE_LOGGING": "1"}),
+        Step("learner on the GPU", [python, "benchmarks/learner.py", "--devices", "cuda", "--seconds", "3",
+                                    "--batches", "32,512", "--replay", "200000"], 600),
+        Step("short training run", [python, "-m", "rl_dqn", "local", config, *overrides, f"run.name={name}-train",
+                                    "train.total_env_steps=150000", "eval.every_env_steps=50000",
+                                    "learner.checkpoint_replay=false"], 600),
+    ]
+
+
+def run_steps(steps: list[Step]) -> list[Outcome]:
+    outcomes = []
+    for step in steps:
+        print(f"doctor --gpu: {step.name}: {' '.join(step.argv[1:])}", flush=True)
+        started = time.monotonic()
+        try:
+            done = subprocess.run(step.argv, cwd=ROOT, env=dict(os.environ, **step.env), capture_output=True,
+                                  text=True, timeout=step.timeout_s)
+            output, code = done.stdout + done.stderr, done.returncode
+            error = "" if code == 0 else f"exit code {code}: {_last_error(output)}"
+        except subprocess.TimeoutExpired as e:
+            output = (e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(errors="replace") \
+                if isinstance(e.stdout, bytes) else (e.stdout or "") + (e.stderr or "")
+            error = f"did not finish within {step.timeout_s:g} s"
+        outcome = Outcome(step, error == "", time.monotonic() - started, output, error)
+        print(f"doctor --gpu: {step.name}: {'passed' if outcome.passed else 'FAILED: ' + error} "
+              f"({outcome.seconds:.0f} s)", flush=True)
+        outcomes.append(outcome)
+    return outcomes
+
+
+def _last_error(output: str) -> str:
+    """The line of `output` that most likely says what went wrong."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    for marker in ("Error", "error", "FAILED", "failed", "Traceback"):
+        found = [line for line in lines if marker in line]
+        if found:
+            return found[-1][:300]
+    return lines[-1][:300] if lines else "no output"
+
+
+def report(header: list[str], outcomes: list[Outcome]) -> str:
+    """report.md: the machine, one row per check, then each check's own figures (its output's tail)."""
+    rows = "\n".join(f"| {o.step.name} | {'passed' if o.passed else 'FAILED: ' + o.error.replace('|', '/')} | "
+                      f"{o.seconds:.0f} |" for o in outcomes)
+    parts = [f"# rl_dqn GPU acceptance run\n", "```", *header, "```", "",
+             "| check | result | seconds |", "|-|-|-:|", rows, ""]
+    for o in outcomes:
+        tail = "\n".join(o.output.splitlines()[-60:])
+        channels = sorted({line.strip() for line in o.output.splitlines() if "channel" in line.lower()
+                           and "tensorpipe" in line.lower()})[:20] if "TP_VERBOSE_LOGGING" in o.step.env else []
+        parts += [f"## {o.step.name}", "", f"`{' '.join(o.step.argv[1:])}`", "", "```", tail, "```", ""]
+        if channels:
+            parts += ["TensorPipe's channel lines:", "", "```", *channels, "```", ""]
+    return "\n".join(parts)
+
+
+def acceptance_run(config: str, overrides: list[str], runs_dir: Path, steps: list[Step] | None = None) -> int:
+    """Runs the GPU checks and writes runs/doctor-<date>/report.md; exit 0 when every check passed, else 1."""
+    import torch
+    if steps is None and not torch.cuda.is_available():
+        print("doctor: no CUDA GPU here (torch.cuda.is_available() is False); the GPU acceptance run needs one",
+              file=sys.stderr)
+        return 2
+    name = f"doctor-{time.strftime('%Y%m%d-%H%M%S')}"
+    folder = runs_dir / name
+    folder.mkdir(parents=True, exist_ok=True)
+    header, found = check(config, overrides, runs_dir)
+    outcomes = run_steps(steps if steps is not None else gpu_steps(config, overrides, name))
+    (folder / "report.md").write_text(report(header + [f"recommended: {a}" for a in found.recommendations]
+                                             + [f"problem: {p}" for p in found.problems], outcomes))
+    failed = [o.step.name for o in outcomes if not o.passed]
+    print(f"doctor --gpu: {len(outcomes) - len(failed)} of {len(outcomes)} checks passed"
+          + (f" (failed: {', '.join(failed)})" if failed else "") + f"; report: {folder / 'report.md'}")
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = OneLineParser(prog="./launch/doctor.sh", description=__doc__.split("\n\n")[0])
+    parser.name = "doctor"
+    parser.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help=f"default {DEFAULT_CONFIG}")
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value")
+    parser.add_argument("--gpu", action="store_true", help="the GPU acceptance run (about 10-15 minutes)")
+    args = parser.parse_args(argv)
+    from rl_dqn.cli import RUNS_DIR
+    if args.gpu:
+        return acceptance_run(args.config, args.overrides, RUNS_DIR)
+    lines, found = check(args.config, args.overrides, RUNS_DIR)
+    print("\n".join(lines))
+    for advice in found.recommendations:
+        print(f"recommended: {advice}")
+    if found.problems:
+        for problem in found.problems:
+            print(f"doctor: {problem}", file=sys.stderr)
+        return 2
+    print(f"{args.config} can run here as written")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

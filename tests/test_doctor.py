@@ -1,0 +1,69 @@
+"""./launch/doctor.sh: what this machine is to a config, exit 0 when it can run as written and 2 with one line per
+problem when it cannot; the GPU acceptance run's report, from checks that run here."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rl_dqn.doctor import Step, acceptance_run
+
+ROOT = Path(__file__).resolve().parents[1]
+no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without a GPU")
+
+
+def doctor(*args: str, runs: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, RL_DQN_PYTHON=sys.executable, RL_DQN_RUNS_DIR=str(runs))
+    return subprocess.run([str(ROOT / "launch/doctor.sh"), *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_the_quick_start_config_can_run_here_and_the_report_says_on_what(tmp_path):
+    result = doctor(runs=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert f"torch {torch.__version__}" in out and "cores for this process" in out
+    assert "AVX512-BF16" in out and "TensorPipe in this torch build: transports uv" in out
+    from rl_dqn.network import resolve_precision
+    assert f"learner: cpu, {resolve_precision('auto', 'cpu')} (network.precision=auto" in out
+    assert "collector1: cpu" in out and "evaluator: cpu, 8 envs" in out
+    assert "GB free under" in out and out.rstrip().endswith("configs/pong_cpu.yaml can run here as written")
+
+
+@pytest.mark.parametrize("args, problem", [
+    (["configs/pong_cpu.yaml", "train.replay_capacity=100000000000"], "learner.checkpoint_replay: a full replay"),
+    (["configs/pong_cpu.yaml", "train.bach_size=3"], "train.bach_size: unknown key"),
+    pytest.param(["configs/pong_cpu.yaml", "transport.kind=cuda"], "transport.kind: cuda needs a CUDA GPU",
+                 marks=no_gpu),
+])
+def test_a_config_that_cannot_run_here_exits_2_with_a_line_per_problem(tmp_path, args, problem):
+    result = doctor(*args, runs=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"doctor: {problem}") and len(result.stderr.strip().splitlines()) == 1
+
+
+@no_gpu
+def test_the_gpu_acceptance_run_needs_a_gpu_and_says_so_in_one_line(tmp_path):
+    result = doctor("--gpu", runs=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == ("doctor: no CUDA GPU here (torch.cuda.is_available() is False); the GPU "
+                                     "acceptance run needs one")
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_acceptance_report_gives_each_check_its_result_error_and_figures(tmp_path):
+    steps = [Step("a check that passes", [sys.executable, "-c", "print('round trip 0.74 ms')"], 60),
+             Step("a check that fails", [sys.executable, "-c", "raise SystemExit('ValueError: no stream found')"], 60),
+             Step("a check that hangs", [sys.executable, "-c", "import time; time.sleep(30)"], 1)]
+    assert acceptance_run("configs/pong_cpu.yaml", [], tmp_path, steps) == 1
+    (folder,) = tmp_path.iterdir()
+    text = (folder / "report.md").read_text()
+    assert folder.name.startswith("doctor-") and f"torch {torch.__version__}" in text
+    assert "| a check that passes | passed |" in text and "round trip 0.74 ms" in text
+    assert "| a check that fails | FAILED: exit code 1: ValueError: no stream found |" in text
+    assert "| a check that hangs | FAILED: did not finish within 1 s |" in text
