@@ -1,9 +1,10 @@
 """The floor of each game's table row: raw scores of a uniformly random policy, with the training preprocessing.
 
-    python benchmarks/random_scores.py [--episodes 20] [CONFIG ...]
+    python benchmarks/random_scores.py [--episodes 20] [--set section.key=value ...] [CONFIG ...]
 
 Plays `--episodes` whole episodes side by side per config (default: every Atari game config in configs/) with
-epsilon 1 and prints mean +- std, min and max of the raw game score.
+epsilon 1 and prints mean +- std, min and max of the raw game score. `--set` overrides apply to every config (e.g.
+`--set env.id=ALE/Breakout-v5` with configs/pong_cpu.yaml: that game under pong_cpu's protocol).
 """
 
 from __future__ import annotations
@@ -31,12 +32,14 @@ def main() -> int:
     parser.add_argument("configs", nargs="*", default=[str(ROOT / "configs" / name) for name in GAME_CONFIGS])
     parser.add_argument("--episodes", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--set", action="append", default=[], metavar="section.key=value",
+                        help="an override applied to every config")
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"{'config':<22} {'game':<22} {'episodes':>8} {'score mean +- std':>20} {'min':>7} {'max':>7} "
           f"{'seconds':>8}")
     for path in args.configs:
-        cfg = load_config(path)
+        cfg = load_config(path, args.set)
         env = make_vector_env(cfg.env, args.episodes, seed=args.seed)
         # Epsilon 1: the network is never consulted for the choice, only shaped for the env.
         network = QNetwork.for_env(env.spec.obs_shape, env.spec.num_actions, cfg.network, "cpu").eval()

@@ -122,6 +122,7 @@ class EvalResult(NamedTuple):
     round_s: float          # wall seconds the round took to play
     round_cpu_s: float      # CPU seconds the evaluator process spent on it
 
+
 class Evaluator:
     """Plays `eval.episodes` episodes with the weights it is given, in a child process, one round at a time."""
 

@@ -1,0 +1,60 @@
+"""What an evaluation round costs: one checkpoint's round of episodes played over different numbers of envs side by
+side, in one process on one thread, as the evaluator plays them.
+
+    python benchmarks/evaluation.py runs/<name>[/checkpoints/<file>.pt] [--envs 20,8,4] [--episodes 20]
+                                    [--epsilon 0.005] [--max-episode-frames 18000]
+
+For each count of envs (eval.envs), the same seed: the round's wall seconds and CPU seconds and its mean score.
+With one env per episode every env steps on until the longest episode ends; with fewer, each plays episodes one
+after another and only the last ones wait. A mid-training Pong agent plays long rallies, where this matters most.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from envs import make_vector_env  # noqa: E402
+from rl_dqn.evaluate import latest_checkpoint, load_player, play  # noqa: E402
+from rl_dqn.system import configure_process  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run", type=Path, help="a run folder (its newest checkpoint) or a checkpoint file")
+    parser.add_argument("--envs", default="20,8,4", help="envs side by side to compare (default 20,8,4)")
+    parser.add_argument("--episodes", type=int, default=20)
+    parser.add_argument("--epsilon", type=float, default=0.005)
+    parser.add_argument("--max-episode-frames", type=int, default=18_000,
+                        help="evaluation time limit in emulator frames (eval.max_episode_frames; default 18,000)")
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args()
+    configure_process()   # as the evaluator process does
+    torch.set_num_threads(1)
+    checkpoint = latest_checkpoint(args.run) if args.run.is_dir() else args.run
+    cfg, network = load_player(checkpoint)
+    env_cfg = dataclasses.replace(cfg.env, max_episode_frames=args.max_episode_frames)
+    print(f"{checkpoint}: {args.episodes} episodes of {cfg.env.id} at epsilon {args.epsilon:g}, cut at "
+          f"{args.max_episode_frames:,} frames ({time.strftime('%Y-%m-%d')})", flush=True)
+    print(f"  {'envs':>4} {'wall s':>8} {'CPU s':>8} {'score':>7}", flush=True)
+    for envs in (int(n) for n in args.envs.split(",")):
+        env = make_vector_env(env_cfg, envs, seed=args.seed)
+        started, cpu = time.perf_counter(), time.process_time()
+        try:
+            scores = play(env, network, args.episodes, args.epsilon, torch.Generator().manual_seed(args.seed))
+        finally:
+            env.close()
+        print(f"  {envs:>4} {time.perf_counter() - started:>8.1f} {time.process_time() - cpu:>8.1f} "
+              f"{sum(scores) / len(scores):>7.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
