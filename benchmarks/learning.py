@@ -173,7 +173,7 @@ def main() -> int:
                         help="seconds between the killed learner's run stopping and its resumption (default 30)")
     parser.add_argument("--prefix", default="", help="run names are <prefix>-s<seed> (default: the config's name "
                                                      "and the time)")
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()
     try:
         seeds = [int(s) for s in args.seeds.split(",")]
     except ValueError:
