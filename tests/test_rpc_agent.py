@@ -46,3 +46,22 @@ def test_the_agent_is_handed_the_configured_channels_this_build_has_in_their_ord
     cuda = torch.backends.cuda.is_built()
     assert built_channels(default) == [c for c in default if c in TENSORPIPE_CPU_CHANNELS or cuda]
     assert built_channels(["basic", "cma"]) == ["basic", "cma"]
+
+
+def test_a_join_that_times_out_says_where_it_stood():
+    import threading
+    import time
+
+    import pytest
+
+    from rl_dqn.transport.rpc import TransportError, _in_thread
+    stage = ["no learner's store answered"]
+
+    def work():
+        stage.append("the learner admitted this process, but joining its RPC group did not finish")
+        time.sleep(5)
+    with pytest.raises(TransportError) as error:
+        _in_thread(work, threading.Event(), 0.5, "joining the run at 10.0.0.1:29500 as collector0", stage)
+    assert str(error.value) == ("gave up joining the run at 10.0.0.1:29500 as collector0 after "
+                                "cluster.join_timeout_s=0.5 s: the learner admitted this process, but joining its RPC "
+                                "group did not finish")

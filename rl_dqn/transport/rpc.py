@@ -120,8 +120,9 @@ def _listen_address(cfg: Config) -> str:
     return address
 
 
-def _in_thread(work, stop: threading.Event, timeout_s: float, what: str):
-    """Runs `work()` on a thread while this one waits for it with a deadline and the stop event.
+def _in_thread(work, stop: threading.Event, timeout_s: float, what: str, stage: list[str] | None = None):
+    """Runs `work()` on a thread while this one waits for it with a deadline and the stop event. `stage`, which
+    `work` appends to as it goes, says on a timeout where it stood.
 
     Opening the store and init_rpc block in C++, where no signal handler runs; a process that gives up exits with
     the thread still blocked, which is harmless because nothing has started yet."""
@@ -143,8 +144,8 @@ def _in_thread(work, stop: threading.Event, timeout_s: float, what: str):
         if stop.is_set():
             raise TransportError(f"stopped while {what}")
         if time.monotonic() > deadline:
-            raise TransportError(f"gave up {what} after cluster.join_timeout_s={timeout_s:g} s: is the learner "
-                                 f"running, at this address?")
+            where = stage[-1] if stage else "is the learner running, at this address?"
+            raise TransportError(f"gave up {what} after cluster.join_timeout_s={timeout_s:g} s: {where}")
     if failure:
         raise TransportError(f"failed {what}: {_reason(failure[0])}")
     return result[0]
@@ -475,15 +476,23 @@ class CollectorTransport:
         timeout = cfg.cluster.join_timeout_s
         name = worker_name(collector_rank(index))
 
+        stage = ["no learner's store answered: is the learner running, at this address?"]
+
         def join() -> tuple[membership.Admission, tuple[Weights, int] | None]:
             store = membership.open_store(host, port, listen_on=None, timeout_s=timeout,
                                           prefix=membership.torchrun_prefix(dict(os.environ)))
+            stage.append("the learner's store answered, but the learner admitted no process into this slot")
             admission = membership.ask_admission(store, index, timeout, stop)
+            # A device map that does not fit the peers' GPUs fails inside init_rpc's group update, which then waits
+            # out the store timeout: from here on the learner is known to be running.
+            stage.append("the learner admitted this process, but joining its RPC group did not finish: a device "
+                         "map that does not fit the learner's GPUs stalls it (check transport.device_map on both "
+                         "nodes), or TensorPipe's ports between the nodes are blocked (README: Troubleshooting)")
             rpc.init_rpc(name, rank=admission.rpc_id, rpc_backend_options=_options(cfg, placement, host, port))
             return admission, rpc.rpc_sync(worker_name(LEARNER_RANK), _hello, args=(index, admission.rpc_id),
                                            timeout=cfg.transport.rpc_timeout_s)
 
-        admission, welcome = _in_thread(join, stop, timeout, f"joining the run at {host}:{port} as {name}")
+        admission, welcome = _in_thread(join, stop, timeout, f"joining the run at {host}:{port} as {name}", stage)
         self.rpc_id, self.incarnation = admission.rpc_id, admission.incarnation
         if welcome is None:
             raise TransportError(f"the learner took {name} for replaced or the run is over")
