@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from envs import make_vector_env  # noqa: E402
-from rl_dqn.evaluate import latest_checkpoint, load_player, play  # noqa: E402
+from rl_dqn import checkpoints  # noqa: E402
+from rl_dqn.evaluate import load_player, play  # noqa: E402
 from rl_dqn.system import configure_process  # noqa: E402
 
 
@@ -39,7 +40,7 @@ def main() -> None:
     args = parser.parse_args()
     configure_process()   # as the evaluator process does
     torch.set_num_threads(1)
-    checkpoint = latest_checkpoint(args.run) if args.run.is_dir() else args.run
+    checkpoint = checkpoints.newest(args.run) if args.run.is_dir() else args.run
     cfg, network = load_player(checkpoint)
     env_cfg = dataclasses.replace(cfg.env, max_episode_frames=args.max_episode_frames)
     print(f"{checkpoint}: {args.episodes} episodes of {cfg.env.id} at epsilon {args.epsilon:g}, cut at "

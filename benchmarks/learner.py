@@ -29,7 +29,8 @@ sys.path.insert(0, str(ROOT))
 
 from envs import EnvSpec  # noqa: E402
 from rl_dqn.config import load_config  # noqa: E402
-from rl_dqn.learner import Learner, torch_threads  # noqa: E402
+from rl_dqn.learner import Learner  # noqa: E402
+from rl_dqn.trainer import torch_threads  # noqa: E402
 from rl_dqn.system import configure_process  # noqa: E402
 from rl_dqn.types import Chunk  # noqa: E402
 
@@ -88,10 +89,10 @@ def filled_learner(config: str, overrides: list[str], device: str, batch: int, t
 def measure(learner: Learner, seconds: float) -> tuple[float, float, float]:
     """Seconds per update, the process's CPU seconds per update, and seconds per sample() alone."""
     torch.set_num_threads(torch_threads(learner.cfg))
-    replay, generator, batch = learner.replay, learner.generator, learner.cfg.train.batch_size
+    replay, generator, batch = learner.trainer.replay, learner.trainer.generator, learner.cfg.train.batch_size
     step, cpu = timed(learner.step, learner.device, seconds)
     sample, _ = timed(lambda: replay.sample(batch, generator, 0.5), learner.device, seconds / 2)
-    learner.board.close()
+    learner.report.close()
     return step, cpu, sample
 
 

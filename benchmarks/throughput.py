@@ -40,7 +40,8 @@ from envs import make_vector_env  # noqa: E402
 from rl_dqn import dqn  # noqa: E402
 from rl_dqn.collector import ChunkBuilder  # noqa: E402
 from rl_dqn.config import load_config  # noqa: E402
-from rl_dqn.learner import Learner, torch_threads  # noqa: E402
+from rl_dqn.learner import Learner  # noqa: E402
+from rl_dqn.trainer import torch_threads  # noqa: E402
 from rl_dqn.network import QNetwork  # noqa: E402
 from rl_dqn.system import configure_process  # noqa: E402
 
@@ -162,7 +163,7 @@ def learner_updates(cfg, seconds: float) -> float:
                                  torch.zeros(T, E, dtype=torch.bool), torch.zeros(T, E, dtype=torch.bool),
                                  torch.zeros(0, dtype=torch.float64), torch.zeros(0, dtype=torch.int64)))
         rate = timed(learner.step, seconds, warmup=5)
-        learner.board.close()
+        learner.report.close()
     return rate
 
 

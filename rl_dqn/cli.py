@@ -140,7 +140,8 @@ def _make_run_dir(cfg: Config) -> Path:
     """Creates runs/<run.name>/, which must be new or empty and writable; a resumed run's must hold a checkpoint."""
     folder = run_dir(cfg)
     if cfg.run.resume:
-        if not list((folder / "checkpoints").glob("checkpoint_*.pt")):
+        from rl_dqn import checkpoints
+        if not checkpoints.all_of(folder):
             raise ConfigError("run.resume", f"{folder} holds no checkpoint to resume from; give the run.name of an "
                                             f"earlier run")
     elif folder.exists() and any(folder.iterdir()):
@@ -255,8 +256,9 @@ def _role_error(role: str, message: str, code: int = 1) -> int:
 
 def _learner(cfg: Config, args) -> int:
     import torch
-    from rl_dqn.evaluate import latest_checkpoint
-    from rl_dqn.learner import Learner, torch_threads
+    from rl_dqn import checkpoints
+    from rl_dqn.learner import Learner
+    from rl_dqn.trainer import torch_threads
     from rl_dqn.system import configure_process
     from rl_dqn.transport import LearnerTransport, TransportError
     if not cfg.cluster.single_node:
@@ -272,11 +274,11 @@ def _learner(cfg: Config, args) -> int:
     learner = Learner(cfg, spec, folder, stop=stop, device=placement.device, launched_at=_launched_at())
     save_config(learner.used_cfg, folder / "config.yaml")
     if cfg.run.resume:
-        checkpoint = latest_checkpoint(folder)
+        checkpoint = checkpoints.newest(folder)
         try:
             learner.restore(checkpoint)
         except (RuntimeError, ValueError, KeyError, OSError) as e:
-            learner.board.close()
+            learner.report.close()
             raise ConfigError("run.resume", f"cannot continue from {checkpoint}: {str(e).splitlines()[0]}") from None
     try:
         learner.run(LearnerTransport(cfg, stop, placement))

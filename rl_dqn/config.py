@@ -276,7 +276,7 @@ class TransportConfig:
     device_map: tuple[DeviceMapEntry, ...] = ()
     """this process's explicit device maps for multi-node runs, as `{peer: {local_gpu: peer_gpu}}` (peer a rank or
     a name such as `learner` or `collector3`) or DI-engine's `<peer rank>_<local gpu>_<peer gpu>,...`; the maps
-    not given are derived (see the README's transport section)"""
+    not given are derived (see docs/cluster.md, Transport)"""
     tensorpipe_transports: tuple[str, ...] = ("uv",)
     """TensorPipe transports, in order of preference: uv (TCP; idles at 0% CPU), shm (same-host shared memory;
     busy-polls a core per process), ibv (InfiniBand)"""
@@ -640,17 +640,19 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 def reference_markdown() -> str:
-    """Every config key with its default and meaning, one table per section (the README's key reference is this
-    text; `python -m rl_dqn.config` prints it)."""
+    """docs/config.md: every config key with its default and meaning, one table per section (`python -m rl_dqn.config`
+    prints it; a test keeps the page and the docstrings the same)."""
     defaults = to_dict(Config())
-    parts = []
+    parts = ["# Every config key\n\nGenerated from the docstrings in `rl_dqn/config.py` by `python -m rl_dqn.config >"
+             " docs/config.md`.\nDefaults are the dataclasses'; the files in `configs/` set many of them. Any key can"
+             " be set on the\ncommand line as `section.key=value` after the config."]
     for section, cls in SECTIONS.items():
         docs = field_docs(cls)
         rows = []
         for key in typing.get_type_hints(cls):
             value = defaults[section][key]
             rows.append(f"| `{section}.{key}` | `{_shown(value)}` | {docs[key].replace('|', '&#124;')} |")
-        parts.append(f"**{section}**\n\n| key | default | meaning |\n|-|-|-|\n" + "\n".join(rows))
+        parts.append(f"## {section}\n\n| key | default | meaning |\n|-|-|-|\n" + "\n".join(rows))
     return "\n\n".join(parts) + "\n"
 
 

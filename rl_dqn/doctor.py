@@ -105,7 +105,7 @@ def roles(cfg: Config) -> tuple[list[str], list[str]]:
     collectors; a collector node: its collectors), and recommendations about it."""
     import torch
 
-    from rl_dqn.learner import torch_threads
+    from rl_dqn.trainer import torch_threads
     from rl_dqn.network import describe_precision
     from rl_dqn.transport import place
     gpus = torch.cuda.device_count()

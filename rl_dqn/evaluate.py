@@ -23,33 +23,10 @@ import numpy as np
 import torch
 
 from envs import EnvError, make_vector_env
-from rl_dqn import dqn
+from rl_dqn import checkpoints, dqn
 from rl_dqn.config import Config, ConfigError, from_dict, to_dict
 from rl_dqn.network import QNetwork
 from rl_dqn.video import FORMATS, VideoError, VideoFile, fps_of, gif_bytes
-
-
-BEST_CHECKPOINT = "best.pt"    # in checkpoints/: the network that scored best in the run's evaluations
-
-
-def best_path(run_dir: Path) -> Path:
-    """Where a run keeps the network its evaluations scored best (it may not exist yet)."""
-    return run_dir / "checkpoints" / BEST_CHECKPOINT
-
-
-def best_checkpoint(run_dir: Path) -> Path:
-    path = best_path(run_dir)
-    if not path.is_file():
-        raise FileNotFoundError(f"no {BEST_CHECKPOINT} in {run_dir / 'checkpoints'}: the run finished no "
-                                f"evaluation (eval.every_env_steps)")
-    return path
-
-
-def latest_checkpoint(run_dir: Path) -> Path:
-    checkpoints = sorted((run_dir / "checkpoints").glob("checkpoint_*.pt"))
-    if not checkpoints:
-        raise FileNotFoundError(f"no checkpoint in {run_dir / 'checkpoints'}")
-    return checkpoints[-1]
 
 
 def play(env, network: QNetwork, episodes: int, epsilon: float, generator: torch.Generator,
@@ -202,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                                                "checkpoint file")
     parser.add_argument("--best", action="store_true",
                         help=f"play the network that scored best in the run's evaluations (checkpoints/"
-                             f"{BEST_CHECKPOINT}) instead of the newest checkpoint")
+                             f"{checkpoints.BEST}) instead of the newest checkpoint")
     parser.add_argument("--episodes", type=int, default=20, help="episodes, played side by side (default 20)")
     parser.add_argument("--epsilon", type=float, default=None,
                         help="chance of a random action (default: the run's eval.epsilon)")
@@ -228,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     checkpoint = args.run
     try:
         if args.run.is_dir():
-            checkpoint = best_checkpoint(args.run) if args.best else latest_checkpoint(args.run)
+            checkpoint = checkpoints.best(args.run) if args.best else checkpoints.newest(args.run)
         cfg, _ = load_player(checkpoint)
     except FileNotFoundError as e:
         return _fail(str(e))

@@ -11,7 +11,7 @@ PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 # The convolutional torsos for stacked 84x84 frames: (out channels, kernel, stride) per layer, then the width of the
 # fully connected hidden layer. `nips` has about a third of `nature`'s multiply-adds per sample (measured on 2 CPU
-# cores: 2.4-2.9x the samples/s of a float32 update, see the README's benchmarks).
+# cores: 2.4-2.9x the samples/s of a float32 update, see docs/pong_cpu.md).
 TORSOS = {
     # Mnih et al. 2015, "Human-level control through deep reinforcement learning" (Nature).
     "nature": (((32, 8, 4), (64, 4, 2), (64, 3, 1)), 512),
@@ -25,7 +25,7 @@ def fast_bfloat16(device: torch.device | str) -> tuple[bool, str]:
     GPUs of compute capability 8.0 or newer; CPUs with AVX512-BF16 or AMX that PyTorch may use (ATEN_CPU_CAPABILITY
     and ONEDNN_MAX_CPU_ISA narrow what it may). Elsewhere bfloat16 is emulated, about 10x slower than float32 on
     an AVX2 CPU and 2.5x on an AVX-512 one without BF16 (https://pytorch.org/docs/stable/amp.html#cpu-op-specific-
-    behavior; the README's benchmarks)."""
+    behavior; docs/benchmarks.md)."""
     device = torch.device(device)
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
@@ -115,7 +115,7 @@ class QNetwork(nn.Module):
         """Frames and convolution kernels channels-last in memory (for training), or in the plain layout (for
         acting). The values are the same; oneDNN's convolutions are faster one way or the other: measured on one
         CPU core in float32 with the NIPS torso, a forward and backward pass of batch 32 took 6.6 ms channels-last
-        against 8.7, while a forward pass alone of batch 20 took 2.1 ms against 1.6 (the README's benchmarks)."""
+        against 8.7, while a forward pass alone of batch 20 took 2.1 ms against 1.6 (docs/pong_cpu.md)."""
         self.channels_last = channels_last and self.is_image
         self.torso.to(memory_format=torch.channels_last if self.channels_last else torch.contiguous_format)
         return self

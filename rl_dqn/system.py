@@ -23,7 +23,7 @@ def keep_freed_memory() -> bool:
     By default it hands back the top of its heap once a few MB there are free, and a learner update frees that
     much (the batch, the activations), so every update faulted its memory in again: on 2 cores, about 4,000 page
     faults and 8 ms of CPU in the kernel per update of batch 32, which made updates take 24% longer (measured;
-    the README's benchmarks). The heap now keeps up to 1 GiB free at its top; blocks over 32 MiB (the replay
+    docs/benchmarks.md). The heap now keeps up to 1 GiB free at its top; blocks over 32 MiB (the replay
     memory, large CPU batches) are still mapped apart and handed back when freed. Malloc settings the user put
     in the environment win. Returns False where this changed nothing (such settings, or a C library that is not
     glibc)."""

@@ -264,9 +264,9 @@ def guarded_learner(port: int, events, sender_done) -> None:
     threading.Thread(target=lambda: (sender_done.wait(60), time.sleep(1.0), stop.set()), daemon=True).start()
     transport = LearnerTransport(cfg, stop, place(cfg, 0, 0))
     learner.run(transport)
-    events.put(("learner", "rejected", dict(learner.rejected)))
-    events.put(("learner", "env_steps", learner.env_steps))
-    events.put(("learner", "replay frames", learner.replay.frames[0, :T + 1, 0].tolist()))
+    events.put(("learner", "rejected", dict(learner.intake.rejected)))
+    events.put(("learner", "env_steps", learner.intake.env_steps))
+    events.put(("learner", "replay frames", learner.trainer.replay.frames[0, :T + 1, 0].tolist()))
 
 
 def bad_sender(port: int, events, sender_done) -> None:

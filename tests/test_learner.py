@@ -13,7 +13,8 @@ import torch
 from envs import EnvSpec
 from rl_dqn.config import load_config
 from rl_dqn.evaluate import load_player
-from rl_dqn.learner import Learner, torch_threads
+from rl_dqn.learner import Learner
+from rl_dqn.trainer import torch_threads
 from rl_dqn.types import Chunk
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,12 +49,12 @@ def test_chunks_enter_replay_in_each_collectors_order(tmp_path):
     later, earlier = chain_chunk(1, seq=1, episodes=10), chain_chunk(1, seq=0, episodes=10)
     earlier.frames[:, :, 3] = 7.0      # mark the first chunk's frames
     learner.ingest(later)
-    assert learner.env_steps == 0 and len(learner.replay) == 0      # held until seq 0 arrives
+    assert learner.intake.env_steps == 0 and len(learner.trainer.replay) == 0      # held until seq 0 arrives
     learner.ingest(earlier)
-    assert learner.env_steps == 120
-    lanes = learner.replay.frames[2:4]                               # collector 1 owns lanes 2 and 3
+    assert learner.intake.env_steps == 120
+    lanes = learner.trainer.replay.frames[2:4]                               # collector 1 owns lanes 2 and 3
     assert (lanes[:, :30, 3] == 7.0).all() and (lanes[:, 30:60, 3] == 0.0).all()
-    assert learner.replay.written.tolist() == [0, 0, 60, 60]
+    assert learner.trainer.replay.written.tolist() == [0, 0, 60, 60]
 
 
 def test_replay_ratio_is_held(tmp_path):
@@ -64,35 +65,56 @@ def test_replay_ratio_is_held(tmp_path):
         learner.ingest(chain_chunk(0, seq, episodes=10))             # 240 env steps in all
     while learner.wants_update():
         learner.step()
-    assert learner.updates == 2 * (240 - 64) // 32                   # gradient samples = ratio x env steps
+    assert learner.trainer.updates == 2 * (240 - 64) // 32                   # gradient samples = ratio x env steps
 
 
 @pytest.mark.parametrize("ratio", [0.01, 0.05, 0.5, 2, 8, 64])
-def test_the_learner_always_either_trains_or_answers(tmp_path, ratio):
-    """Collectors wait while their chunks are unanswered; a learner that neither trains nor answers would stall."""
+def test_the_replay_ratio_gate_holds_collectors_back_without_stalling_them(tmp_path, ratio):
+    """Driven as the learner's loop drives it, with two collectors that each stop sending at
+    collectors.max_chunks_in_flight unanswered chunks: every chunk gets sent and answered (no stall), the training
+    owed never runs more than the chunks in flight ahead of the updates, and at the end the updates are exactly the
+    replay ratio's."""
     learner = make_learner(tmp_path, f"train.replay_ratio={ratio}")
-    for seq in range(40):
-        learner.ingest(chain_chunk(seq % 2, seq // 2, episodes=1))
-        assert learner.wants_update() or learner.answers_due(), (ratio, learner.env_steps, learner.updates)
-        while learner.wants_update() and not learner.answers_due():
+    intake, limit, chunks = learner.intake, learner.cfg.collectors.max_chunks_in_flight, 20
+    sent, unanswered = [0, 0], [0, 0]
+    chunk_samples = ratio * 60                                       # a chunk is 30 steps x 2 envs
+    while True:
+        moved = False
+        for collector in (0, 1):
+            if unanswered[collector] < limit and sent[collector] < chunks:
+                learner.ingest(chain_chunk(collector, sent[collector], episodes=10))
+                intake.hold(collector)
+                sent[collector] += 1
+                unanswered[collector] += 1
+                moved = True
+        for collector in intake.release(learner.trainer.updates):
+            unanswered[collector] -= 1
+            moved = True
+        if learner.wants_update():
             learner.step()
-        assert learner.answers_due()
+            moved = True
+        owed = intake.owed_samples(learner.trainer.updates)
+        assert owed <= chunk_samples * (1 + 2 * limit) + 32, (ratio, intake.env_steps, learner.trainer.updates)
+        if not moved:
+            break
+    assert sent == [chunks, chunks] and unanswered == [0, 0]
+    assert learner.trainer.updates == int(ratio * (2 * chunks * 60 - 64) // 32)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 def test_updates_learn_the_chain_values(tmp_path, device):
     learner = make_learner(tmp_path, f"learner.device={device}")
-    assert next(learner.network.parameters()).device.type == device
+    assert next(learner.trainer.network.parameters()).device.type == device
     for seq in range(4):
         learner.ingest(chain_chunk(seq % 2, seq // 2, episodes=10))
     for _ in range(600):
         learner.step()
-    assert learner.weights().state["head.weight"].device.type == device   # the transport stages it if need be
+    assert learner.trainer.weights(0).state["head.weight"].device.type == device   # the transport stages it if need be
     with torch.no_grad():
-        q = learner.network(torch.tensor([[S0], [S1]], device=device)).cpu()
+        q = learner.trainer.network(torch.tensor([[S0], [S1]], device=device)).cpu()
     assert q[1].tolist() == pytest.approx([1.0, 1.0], abs=0.05)
     assert q[0].tolist() == pytest.approx([0.9, 0.9], abs=0.05)     # gamma x Q(s1): it bootstraps
-    assert learner.updates == 600
+    assert learner.trainer.updates == 600
 
 
 def test_target_network_follows_every_target_update_updates(tmp_path):
@@ -100,10 +122,10 @@ def test_target_network_follows_every_target_update_updates(tmp_path):
     learner.ingest(chain_chunk(0, 0, episodes=30))
     for _ in range(19):
         learner.step()
-    online, target = learner.network.state_dict(), learner.target.state_dict()
+    online, target = learner.trainer.network.state_dict(), learner.trainer.target.state_dict()
     assert any(not torch.equal(online[k], target[k]) for k in online)
     learner.step()
-    assert all(torch.equal(online[k], learner.target.state_dict()[k]) for k in online)
+    assert all(torch.equal(online[k], learner.trainer.target.state_dict()[k]) for k in online)
 
 
 def test_preparing_the_next_batch_beside_training_changes_no_update(tmp_path):
@@ -119,11 +141,13 @@ def test_preparing_the_next_batch_beside_training_changes_no_update(tmp_path):
             learner.step()
     overlapped, plain = learners
     assert overlapped.cfg.train.prioritized
-    assert overlapped._helper is not None and plain._helper is None
-    for a, b in ((overlapped.network, plain.network), (overlapped.target, plain.target)):
+    assert overlapped.trainer._helper is not None and plain.trainer._helper is None
+    for a, b in ((overlapped.trainer.network, plain.trainer.network),
+                 (overlapped.trainer.target, plain.trainer.target)):
         assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
-    assert torch.equal(overlapped.replay.tree.levels[0], plain.replay.tree.levels[0])
-    assert not torch.equal(overlapped.network.head.weight, make_learner(tmp_path / "new").network.head.weight)
+    assert torch.equal(overlapped.trainer.replay.tree.levels[0], plain.trainer.replay.tree.levels[0])
+    fresh = make_learner(tmp_path / "new")
+    assert not torch.equal(overlapped.trainer.network.head.weight, fresh.trainer.network.head.weight)
 
 
 def test_the_learner_shares_the_cores_out_among_its_compute_threads(monkeypatch):
@@ -168,17 +192,18 @@ def test_checkpoints_are_complete_pruned_and_resume_everything(tmp_path):
 
     fresh = make_learner(tmp_path / "again", "learner.keep_checkpoints=2")
     fresh.restore(paths[-1])
-    assert (fresh.env_steps, fresh.updates) == (180, 3)
-    for a, b in ((fresh.network, learner.network), (fresh.target, learner.target)):
+    assert (fresh.intake.env_steps, fresh.trainer.updates) == (180, 3)
+    for a, b in ((fresh.trainer.network, learner.trainer.network), (fresh.trainer.target, learner.trainer.target)):
         assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
-    assert all(torch.equal(x, y) for x, y in zip(fresh.optimizer.state_dict()["state"][0].values(),
-                                                learner.optimizer.state_dict()["state"][0].values()))
-    for name, value in learner.replay.state_dict().items():
-        assert torch.equal(fresh.replay.state_dict()[name], value), name
+    assert all(torch.equal(x, y) for x, y in zip(fresh.trainer.optimizer.state_dict()["state"][0].values(),
+                                                learner.trainer.optimizer.state_dict()["state"][0].values()))
+    for name, value in learner.trainer.replay.state_dict().items():
+        assert torch.equal(fresh.trainer.replay.state_dict()[name], value), name
     # Both go on identically: the same batch, the same update.
     fresh.step()
     learner.step()
-    assert all(torch.equal(x, y) for x, y in zip(fresh.network.parameters(), learner.network.parameters()))
+    assert all(torch.equal(x, y) for x, y in zip(fresh.trainer.network.parameters(),
+                                                learner.trainer.network.parameters()))
 
 
 def test_a_checkpoint_from_the_other_kind_of_device_resumes_with_a_new_sampling_seed(tmp_path, capsys):
@@ -192,10 +217,11 @@ def test_a_checkpoint_from_the_other_kind_of_device_resumes_with_a_new_sampling_
     fresh = make_learner(tmp_path / "again")
     fresh.restore(path)
     assert "not a cpu generator's: the run goes on with batches drawn from a new seed" in capsys.readouterr().out
-    assert all(torch.equal(x, y) for x, y in zip(fresh.network.parameters(), learner.network.parameters()))
-    assert len(fresh.replay) == len(learner.replay)
+    assert all(torch.equal(x, y) for x, y in zip(fresh.trainer.network.parameters(),
+                                                learner.trainer.network.parameters()))
+    assert len(fresh.trainer.replay) == len(learner.trainer.replay)
     fresh.step()
-    assert fresh.updates == 2
+    assert fresh.trainer.updates == 2
 
 
 def test_the_best_evaluated_network_is_kept_with_its_score(tmp_path):
@@ -207,21 +233,21 @@ def test_the_best_evaluated_network_is_kept_with_its_score(tmp_path):
             for _ in range(5):
                 learner.step()                     # new weights for each round
             learner._evaluate()                    # a real evaluator process plays CartPole with them
-            played.append({k: v.clone() for k, v in learner._eval_state.items()})
+            played.append({k: v.clone() for k, v in learner.eval_state.items()})
             deadline = time.monotonic() + 60
             while learner.evaluator.busy and time.monotonic() < deadline:
                 learner._evaluate()
                 time.sleep(0.05)
             assert not learner.evaluator.busy, "no evaluation result in 60 s"
-            scores.append(learner._last_eval[0])
+            scores.append(learner.report.last_eval[0])
             # best.pt: the weights that round played when it beat every earlier round, with its score.
             best = torch.load(tmp_path / "checkpoints/best.pt", weights_only=True)
             first_best = scores.index(max(scores))
-            assert best["eval"]["mean"] == max(scores) == learner._best_eval
+            assert best["eval"]["mean"] == max(scores) == learner.report.best_eval
             assert best["eval"]["episodes"] == 3
             assert all(torch.equal(best["network"][k], v) for k, v in played[first_best].items())
     finally:
-        learner._close_evaluator()
+        learner.close_evaluator()
     assert len({tuple(v.flatten()[:4].tolist()) for p in played for v in [p["head.weight"]]}) == 3
     cfg, network = load_player(tmp_path / "checkpoints/best.pt")   # play.sh can play it
     assert cfg.env.id == "CartPole-v1" and network.head.out_features == 2

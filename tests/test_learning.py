@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rl_dqn.evaluate import best_checkpoint, evaluate, latest_checkpoint
+from rl_dqn import checkpoints
+from rl_dqn.evaluate import evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,9 +26,9 @@ def test_cartpole_reaches_195_within_5_minutes(tmp_path, monkeypatch):
     result = subprocess.run([str(ROOT / "launch/local.sh"), "configs/cartpole.yaml", "run.name=learn"], cwd=ROOT,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    best = evaluate(best_checkpoint(tmp_path / "learn"), episodes=20, epsilon=0.0)
+    best = evaluate(checkpoints.best(tmp_path / "learn"), episodes=20, epsilon=0.0)
     elapsed = time.monotonic() - started
-    newest = evaluate(latest_checkpoint(tmp_path / "learn"), episodes=20, epsilon=0.0)
+    newest = evaluate(checkpoints.newest(tmp_path / "learn"), episodes=20, epsilon=0.0)
     mean = sum(best) / len(best)
     print(f"CartPole: mean greedy return {mean:.1f} over 20 episodes (best.pt), {sum(newest) / 20:.1f} (newest "
           f"checkpoint), {elapsed:.0f} s from launch to evaluation")

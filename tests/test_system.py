@@ -40,7 +40,7 @@ before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(20):
     learner.step()
 print(kept, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 20)
-learner.board.close()
+learner.report.close()
 """
 
 

@@ -6,8 +6,9 @@ The roles see two small endpoints:
 `transport.kind` and the devices in `place()` decide where their tensors travel; the roles do not change with them.
 """
 
-from rl_dqn.transport.devices import LEARNER_RANK, Placement, place, worker_name
-from rl_dqn.transport.rpc import CollectorTransport, Delivery, LearnerTransport, TransportError, collector_rank
+from rl_dqn.transport.devices import LEARNER_RANK, Placement, place, slot_of, worker_name
+from rl_dqn.transport.rpc import (CollectorTransport, Delivery, LearnerTransport, Standing, TransportError,
+                                  collector_rank)
 
-__all__ = ["LEARNER_RANK", "CollectorTransport", "Delivery", "LearnerTransport", "Placement", "TransportError",
-           "collector_rank", "place", "worker_name"]
+__all__ = ["LEARNER_RANK", "CollectorTransport", "Delivery", "LearnerTransport", "Placement", "Standing",
+           "TransportError", "collector_rank", "place", "slot_of", "worker_name"]

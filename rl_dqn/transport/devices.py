@@ -33,6 +33,11 @@ def worker_name(rank: int) -> str:
     return "learner" if rank == LEARNER_RANK else f"collector{rank - 1}"
 
 
+def slot_of(name: str) -> int:
+    """The collector slot of an RPC name: 3 for collector3."""
+    return int(name.removeprefix("collector"))
+
+
 class Placement(NamedTuple):
     device: torch.device
     """the learner's training and replay device, or a collector's acting device"""

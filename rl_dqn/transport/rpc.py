@@ -20,6 +20,7 @@ shutdown (`graceful=False`), since a graceful one waits forever on a dead peer.
 from __future__ import annotations
 
 import collections
+import enum
 import os
 import queue
 import threading
@@ -33,7 +34,7 @@ from torch.futures import Future
 
 from rl_dqn.config import Config
 from rl_dqn.transport import membership
-from rl_dqn.transport.devices import LEARNER_RANK, Placement, worker_name
+from rl_dqn.transport.devices import LEARNER_RANK, Placement, slot_of, worker_name
 from rl_dqn.types import Ack, Chunk, Weights
 
 QUIET_S = 5.0          # a peer not heard from for this long is pinged
@@ -45,6 +46,13 @@ class TransportError(RuntimeError):
 
 def collector_rank(index: int) -> int:
     return index + 1
+
+
+class Standing(enum.Enum):
+    """Where the process that sent a chunk stands in the run."""
+    NEWEST = "newest"     # the newest process admitted to its slot (alive, or dropped for a hang and not replaced)
+    FORMER = "former"     # a process admitted to its slot before the newest
+    UNKNOWN = "unknown"   # no process the run admitted
 
 
 # The endpoint of this process; the RPC functions below run on RPC threads and route to it.
@@ -296,7 +304,7 @@ class LearnerTransport:
     def _drop(self, name: str, why: str) -> None:
         """Call with the lock held."""
         self.alive.discard(name)
-        self._active.pop(int(name.removeprefix("collector")), None)
+        self._active.pop(slot_of(name), None)
         self._publishing.pop(name, None)
         self._pinging.pop(name, None)
         self.lost[name] = why
@@ -310,12 +318,11 @@ class LearnerTransport:
             self._drop(name, why)
         threading.Thread(target=self.registry.forget, args=(name,), name="forget", daemon=True).start()
 
-    def sender_standing(self, chunk: Chunk) -> str:
-        """`newest`: the chunk comes from the newest process admitted to its slot (alive, or dropped for a hang and
-        not yet replaced); `former`: from a process admitted before it; `unknown`: from none admitted."""
+    def sender_standing(self, chunk: Chunk) -> Standing:
+        """Where the process that sent a chunk stands in the run (see Standing)."""
         if self.registry.is_current(chunk.collector, chunk.sender):
-            return "newest"
-        return "former" if chunk.sender in self.registry.admitted else "unknown"
+            return Standing.NEWEST
+        return Standing.FORMER if chunk.sender in self.registry.admitted else Standing.UNKNOWN
 
     # ------------------------------------------------------------------------------------------ data
 

@@ -1,0 +1,136 @@
+"""Chunks into replay: each delivery checked before it can enter, each collector's chunks put in in its send order,
+and the replay-ratio gate that decides when a chunk is answered (a collector waits for its answers)."""
+
+from __future__ import annotations
+
+import collections
+import math
+from typing import Callable, Iterator
+
+import torch
+
+from envs import EnvSpec
+from rl_dqn.config import Config
+from rl_dqn.replay import ReplayMemory
+from rl_dqn.transport import Standing
+from rl_dqn.types import Chunk
+
+
+class Intake:
+    """`standing` says whether a chunk's sender is its slot's newest process, a former one or unknown to the run;
+    `arrived` is called with each chunk once it is in replay (and `env_steps` counts it)."""
+
+    def __init__(self, cfg: Config, spec: EnvSpec, replay: ReplayMemory, standing: Callable[[Chunk], Standing],
+                 arrived: Callable[[Chunk], None]):
+        self.cfg, self.spec, self.replay = cfg, spec, replay
+        self._standing, self._arrived = standing, arrived
+        self.env_steps = 0                               # env steps in chunks put into replay
+        self.rejected: dict[str, int] = {}               # refused chunks by cause
+        self.dropped_chunks = 0                          # chunks of a replaced process left behind by a gap
+        # Chunks are inserted in each collector's send order (RPCs may be served out of order).
+        self._next_seq = [0] * cfg.num_collectors
+        self._held: list[dict[int, Chunk]] = [{} for _ in range(cfg.num_collectors)]
+        self._lane_sender = [-1] * cfg.num_collectors    # the process whose chunks each slot's lanes continue
+        self._waiting = collections.deque()              # deliveries whose answer is withheld
+        self._chunk_env_steps = cfg.collectors.chunk_steps * cfg.env.envs_per_collector
+        # What a chunk's tensors must be: field -> (shape, or None for any length, dtype).
+        T, E = cfg.collectors.chunk_steps, cfg.env.envs_per_collector
+        self._fields = {
+            "frames": ((T, E, *spec.frame_shape), spec.obs_dtype), "actions": ((T, E), torch.int64),
+            "rewards": ((T, E), torch.float32), "terminated": ((T, E), torch.bool), "first": ((T, E), torch.bool),
+            "episode_returns": (None, torch.float64), "episode_lengths": (None, torch.int64)}
+        if replay.initial_priority == "collectors":
+            self._fields |= {"q_taken": ((T, E), torch.float32), "q_max": ((T, E), torch.float32)}
+
+    # ------------------------------------------------------------------------------------------ data in
+
+    def refusal(self, chunk) -> str | None:
+        """Why a delivery cannot enter replay (None: it can): one cause per kind of bad data. The value checks
+        cost one host sync per chunk."""
+        cfg, spec = self.cfg, self.spec
+        if not isinstance(chunk, Chunk):
+            return f"not a chunk ({type(chunk).__name__})"
+        if not (isinstance(chunk.collector, int) and 0 <= chunk.collector < cfg.num_collectors):
+            return "unknown sender"
+        standing = self._standing(chunk)
+        if standing is Standing.UNKNOWN:
+            return "unknown sender"
+        # Chunks of a process that was replaced still continue its lanes until the new process's first arrives.
+        if standing is Standing.FORMER and chunk.sender != self._lane_sender[chunk.collector]:
+            return "from a collector process that was replaced"
+        for field, (shape, dtype) in self._fields.items():
+            value = getattr(chunk, field)
+            if not isinstance(value, torch.Tensor):
+                return f"{field} is not a tensor"
+            if value.dtype != dtype:
+                return f"{field} has dtype {value.dtype}, not {dtype}"
+            if shape is not None and tuple(value.shape) != shape:
+                return f"{field} has shape {tuple(value.shape)}, not {shape}"
+        if chunk.episode_returns.dim() != 1 or chunk.episode_lengths.shape != chunk.episode_returns.shape:
+            return "episode_returns and episode_lengths are not two lists of the same length"
+        if not (isinstance(chunk.seq, int) and chunk.seq >= 0 and isinstance(chunk.weights_version, int)):
+            return "seq or weights_version is not a count"
+        if not (isinstance(chunk.system, tuple) and len(chunk.system) in (0, 3) and
+                all(isinstance(v, float) and math.isfinite(v) for v in chunk.system)):
+            return "system figures are not three finite numbers"
+        if chunk.sender == self._lane_sender[chunk.collector] and (chunk.seq < self._next_seq[chunk.collector] or
+                                                                   chunk.seq in self._held[chunk.collector]):
+            return "a chunk sent twice"
+        bad = torch.stack([(chunk.actions < 0).any(), (chunk.actions >= spec.num_actions).any(),
+                           ~torch.isfinite(chunk.rewards).all(),
+                           ~torch.isfinite(chunk.episode_returns).all().to(chunk.rewards.device)]).tolist()
+        for flagged, cause in zip(bad, (f"action out of range 0..{spec.num_actions - 1}",
+                                        f"action out of range 0..{spec.num_actions - 1}",
+                                        "non-finite reward", "non-finite episode return")):
+            if flagged:
+                return cause
+        return None
+
+    def count_refusal(self, cause: str) -> bool:
+        """Counts a refused delivery; True the first time its cause comes up (then it is worth a log line)."""
+        self.rejected[cause] = self.rejected.get(cause, 0) + 1
+        return self.rejected[cause] == 1
+
+    def ingest(self, chunk: Chunk) -> None:
+        """Puts a chunk into replay once every earlier chunk of its collector is in. A new process in a slot
+        starts its lanes' next episodes (its first steps start episodes), so its chunks follow on from the
+        chunks of the one it replaced; that one's chunks still held back by a gap are dropped and counted."""
+        i = chunk.collector
+        if chunk.sender != self._lane_sender[i]:
+            self._lane_sender[i] = chunk.sender
+            self.dropped_chunks += len(self._held[i])
+            self._held[i] = {}
+            self._next_seq[i] = 0
+        self._held[i][chunk.seq] = chunk
+        while (ready := self._held[i].pop(self._next_seq[i], None)) is not None:
+            self._next_seq[i] += 1
+            self.replay.extend(i * self.cfg.env.envs_per_collector, ready)
+            self.env_steps += ready.env_steps
+            self._arrived(ready)
+
+    # ------------------------------------------------------------------------------------- replay ratio
+
+    def owed_samples(self, updates: int) -> float:
+        """Gradient samples the replay ratio asks for that `updates` have not trained on yet."""
+        t = self.cfg.train
+        if t.replay_ratio == 0 or self.env_steps < t.learning_starts:
+            return 0.0
+        return t.replay_ratio * (self.env_steps - t.learning_starts) - updates * t.batch_size
+
+    def wants_update(self, updates: int) -> bool:
+        return self.owed_samples(updates) >= self.cfg.train.batch_size and self.replay.ready
+
+    def answers_due(self, updates: int) -> bool:
+        """Chunks are answered unless the learner owes more than one chunk's worth of training and can train
+        (below one batch it cannot, and holding answers then would stall the run)."""
+        allowance = self.cfg.train.replay_ratio * self._chunk_env_steps
+        return self.owed_samples(updates) <= allowance or not self.wants_update(updates)
+
+    def hold(self, delivery) -> None:
+        """Keeps a delivery's answer until the replay ratio lets it go (release())."""
+        self._waiting.append(delivery)
+
+    def release(self, updates: int) -> Iterator:
+        """The held deliveries whose answers are due now, oldest first."""
+        while self._waiting and self.answers_due(updates):
+            yield self._waiting.popleft()
