@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import socket
 import statistics
 import sys
 import threading
@@ -30,13 +29,9 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from rl_dqn.supervisor import free_port  # noqa: E402
+
 KINDS = ("cpu", "cuda")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(targets, timeout: float = 600.0) -> list:

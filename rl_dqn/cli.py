@@ -23,6 +23,7 @@ from pathlib import Path
 
 from rl_dqn.config import Config, ConfigError, load_config, save_config
 from rl_dqn.console import OneLineParser
+from rl_dqn.supervisor import EXIT_BAD_INPUT, EXIT_LEARNER_LOST, free_port
 
 RUNS_DIR = Path(os.environ.get("RL_DQN_RUNS_DIR") or Path(__file__).resolve().parents[1] / "runs")
 # time.time() when the run's command started, handed down to the processes it starts: the run's clock (time to a
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         return _COMMANDS[args.command](cfg, args)
     except ConfigError as e:
         print(f"rl_dqn: config error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
 
 
 def _from_environment(cfg: Config, args, environ: dict[str, str]) -> Config:
@@ -167,7 +168,7 @@ def _local(cfg: Config, args) -> int:
         raise ConfigError("cluster.world_size", "a local run sizes itself from collectors.count; "
                                                 "leave cluster.world_size and cluster.rank unset")
     _check_env(cfg)
-    init_method = cfg.cluster.init_method or f"tcp://127.0.0.1:{_free_port()}"
+    init_method = cfg.cluster.init_method or f"tcp://127.0.0.1:{free_port()}"
     common = [*args.overrides, f"run.name={cfg.run.name}", f"cluster.init_method={init_method}",
               f"cluster.world_size={1 + cfg.collectors.count}", f"cluster.interface={cfg.cluster.interface or 'lo'}",
               "cluster.single_node=true"]
@@ -221,12 +222,6 @@ def _require_cluster(cfg: Config, collector_node: bool) -> None:
                                                "whatever it receives, so it listens on no other")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # ----------------------------------------------------------------------------------------------- roles
 
 
@@ -244,9 +239,6 @@ def _stop_on_signals() -> threading.Event:
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, handler)
     return stop
-
-
-LEARNER_LOST = 3   # a collector's exit code when the learner is gone: no use starting it again
 
 
 def _role_error(role: str, message: str, code: int = 1) -> int:
@@ -323,7 +315,7 @@ def _collector(cfg: Config, args) -> int:
         Collector(cfg, rank - 1, transport, stop, placement.device, incarnation=transport.incarnation).run()
     except TransportError as e:
         lost = transport is not None and transport.learner_lost
-        return _role_error(name, str(e), LEARNER_LOST if lost else 1)
+        return _role_error(name, str(e), EXIT_LEARNER_LOST if lost else 1)
     finally:
         if transport is not None:
             transport.close()

@@ -13,6 +13,7 @@ import ctypes
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -30,8 +31,16 @@ class RoleSpec(NamedTuple):
 
 
 # Exit codes after which a new process would fail the same way: bad input, and a collector whose learner is gone.
-NOT_RESTARTED = {2: "bad input", 3: "the learner is gone"}
+EXIT_BAD_INPUT, EXIT_LEARNER_LOST = 2, 3
+NOT_RESTARTED = {EXIT_BAD_INPUT: "bad input", EXIT_LEARNER_LOST: "the learner is gone"}
 RESTART_DELAY_S = 1.0
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now (for a one-node run's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class _Role:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import torch
 import yaml
 
 from rl_dqn.config import ConfigError, load_config, save_config
+from rl_dqn.supervisor import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -170,12 +170,6 @@ def test_launcher_script_refuses_bad_input_before_starting_anything(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip() == "rl_dqn: config error: collectors.count: must be >= 1, got -1"
     assert list(tmp_path.iterdir()) == []
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_config_that_is_not_utf8_is_refused(tmp_path):

@@ -6,7 +6,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from rl_dqn.config import load_config, to_dict
 from rl_dqn.network import resolve_precision
+from rl_dqn.supervisor import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 TAGS = ["collector/episode_return", "collector/episode_length", "collector/env_steps_per_s", "learner/loss",
@@ -223,9 +223,7 @@ def test_play_prints_the_score_and_records_a_video_that_decodes(smoke, tmp_path)
 def test_two_node_commands(runs, monkeypatch):
     """The multi-node launchers on one machine: a learner node (tcp://) and a collector node of 2 collectors
     (env://, torchrun-style MASTER_ADDR and MASTER_PORT)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cluster = ["cluster.world_size=3", "cluster.interface=lo"]
     learner = launch("learner.sh", "configs/smoke.yaml", "run.name=nodes",
                      f"cluster.init_method=tcp://127.0.0.1:{port}", *cluster)
@@ -288,17 +286,9 @@ def test_slurm_script_runs_a_two_node_job(runs, tmp_path):
                      r"steps/s \| collectors acting 1/1", output), output[-3000:]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_collector_node_started_later_joins_a_running_learner(runs):
     """Collectors join whenever they come: a second collector node starts after the run has been training."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cluster = [f"cluster.init_method=tcp://127.0.0.1:{port}", "cluster.world_size=3", "cluster.interface=lo",
                "collectors.count=1", "run.name=later", "train.total_env_steps=6000"]
     learner = launch("learner.sh", "configs/smoke.yaml", *cluster)
@@ -321,9 +311,7 @@ def test_collector_node_without_a_gpu_joins_a_cuda_run_with_cpu_tensors(runs):
     """The collector side of a mixed cluster: a node with no GPU runs its collectors with transport.kind=cuda;
     they act on the CPU and send CPU tensors, with no device map. (The learner here is on the CPU, as this test
     must run where there is no GPU; over CUDA, a learner sends such collectors a CPU copy of its weights.)"""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cluster = [f"cluster.init_method=tcp://127.0.0.1:{port}", "cluster.world_size=3", "cluster.interface=lo",
                "run.name=mixed"]
     learner = launch("learner.sh", "configs/smoke.yaml", *cluster, "learner.device=cpu")

@@ -13,7 +13,8 @@ import time
 
 import pytest
 from test_end_to_end import ROOT, launch, processes_of, scalars, wait_for
-from test_transport import free_port
+
+from rl_dqn.supervisor import free_port
 
 
 class Console:

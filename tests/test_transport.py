@@ -6,20 +6,14 @@ import multiprocessing
 import os
 import queue
 import signal
-import socket
 import time
 
 import pytest
 
 import rpc_scenarios
+from rl_dqn.supervisor import free_port
 
 KINDS = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.cuda)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_processes(targets, timeout: float = 60.0, extra: tuple = ()) -> list[tuple]:
