@@ -310,6 +310,7 @@ def _collector(cfg: Config, args) -> int:
     stop = _stop_on_signals()
     configure_process()
     transport = None
+    print(f"[{name}] joining the run at {cfg.cluster.init_method}", flush=True)
     try:
         transport = CollectorTransport(cfg, rank - 1, stop, placement)
         Collector(cfg, rank - 1, transport, stop, placement.device, incarnation=transport.incarnation).run()

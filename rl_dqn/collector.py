@@ -15,6 +15,7 @@ from rl_dqn.config import Config
 from rl_dqn.console import PROGRESS_ENV, PROGRESS_MARK, say
 from rl_dqn.network import QNetwork, describe_precision
 from rl_dqn.system import SystemMeter
+from rl_dqn.transport.endpoints import CollectorEndpoint
 from rl_dqn.types import Chunk
 
 
@@ -86,9 +87,10 @@ class ChunkBuilder:
 
 class Collector:
     """Acts epsilon-greedily in `env.envs_per_collector` envs and sends a chunk every `collectors.chunk_steps`
-    vector steps. `index` (0-based) places its envs in the run: env i of the run is env `i - index * E` here."""
+    vector steps. `index` (0-based) places its envs in the run: env i of the run is env `i - index * E` here.
+    run() is start() and then step() until the run or this process stops."""
 
-    def __init__(self, cfg: Config, index: int, transport, stop: threading.Event | None = None,
+    def __init__(self, cfg: Config, index: int, transport: CollectorEndpoint, stop: threading.Event | None = None,
                  policy_device: torch.device | str = "cpu", incarnation: int = 0):
         self.cfg, self.index, self.transport = cfg, index, transport
         # A process that replaces a dead one in the same slot plays other episodes and explores anew.
@@ -98,6 +100,9 @@ class Collector:
         self.name = f"collector{index}"
         # Its launcher reads its progress lines (a collector started any other way keeps quiet).
         self.report_progress = os.environ.get(PROGRESS_ENV) == "1"
+        self.seq = 0                    # chunks sent
+        self.version = -1               # of the weights it acts with
+        self.run_env_steps = 0          # the run's env steps, as the learner last answered
 
     def _epsilons(self, run_env_steps: int) -> torch.Tensor:
         c, E = self.cfg.collectors, self.cfg.env.envs_per_collector
@@ -109,66 +114,82 @@ class Collector:
         return eps.to(self.policy_device)
 
     def run(self) -> None:
-        cfg, E = self.cfg, self.cfg.env.envs_per_collector
-        torch.set_num_threads(cfg.collectors.torch_threads)
-        env: VectorEnv = make_vector_env(cfg.env, E, seed=self.seed)
+        torch.set_num_threads(self.cfg.collectors.torch_threads)
+        env: VectorEnv = make_vector_env(self.cfg.env, self.cfg.env.envs_per_collector, seed=self.seed)
         try:
-            self._loop(env)
+            if not self.start(env):
+                return
+            started = time.monotonic()
+            while not (self.stop.is_set() or self.transport.stop_requested):
+                self.step()
+            steps, elapsed = self.seq * self.builder.steps * self.builder.num_envs, time.monotonic() - started
+            say(self.name, f"stopped after {self.seq} chunks ({steps:,} env steps, {steps / max(elapsed, 1e-9):,.0f}"
+                           f"/s), weights version {self.version} on {next(self.net.parameters()).device}")
         finally:
             env.close()
 
-    def _loop(self, env: VectorEnv) -> None:
+    def start(self, env: VectorEnv) -> bool:
+        """Waits for the learner's weights (they come with the admission) and resets the envs; False when the run
+        or this process stopped first."""
         cfg, E, device = self.cfg, self.cfg.env.envs_per_collector, self.policy_device
-        net = QNetwork.for_env(env.spec.obs_shape, env.spec.num_actions, cfg.network, device).for_acting()
-        generator = torch.Generator(device=device).manual_seed(self.seed)
+        self.env = env
+        self.net = QNetwork.for_env(env.spec.obs_shape, env.spec.num_actions, cfg.network, device).for_acting()
+        self.generator = torch.Generator(device=device).manual_seed(self.seed)
         weights = self.transport.wait_weights(cfg.cluster.join_timeout_s)
         if weights is None:
-            return
-        net.load_state_dict(weights.state)
-        version = weights.version
-        builder = ChunkBuilder(cfg.collectors.chunk_steps, E, env.spec, device)
+            return False
+        self.net.load_state_dict(weights.state)
+        self.version = weights.version
+        self.builder = ChunkBuilder(cfg.collectors.chunk_steps, E, env.spec, device)
         # A process that joins a run under way (a restart, a resumed learner) starts the schedule where the run is.
-        seq = 0
-        run_env_steps = self.transport.env_steps_at_join
-        epsilons = self._epsilons(run_env_steps)
-        obs, obs_first = env.reset().to(device), torch.ones(E, dtype=torch.bool)
+        self.run_env_steps = self.transport.env_steps_at_join
+        self.epsilons = self._epsilons(self.run_env_steps)
+        self.obs, self.obs_first = env.reset().to(device), torch.ones(E, dtype=torch.bool)
         precision, warning = describe_precision(cfg.network.precision, device)
         if warning is not None:
             say(self.name, f"warning: {warning}")
         say(self.name, f"acting in {E} x {cfg.env.id} on {device} in {precision}, "
-                       f"epsilon {epsilons.min():.3g}..{epsilons.max():.3g}")
-        started = last_report = time.monotonic()
-        meter, system, steps_then, run_steps_then = SystemMeter(device), (), 0, run_env_steps
-        while not (self.stop.is_set() or self.transport.stop_requested):
-            weights = self.transport.poll_weights()
-            if weights is not None:
-                net.load_state_dict(weights.state)
-                version = weights.version
-            with torch.inference_mode():
-                q_values = net(obs)
-                actions = dqn.select_actions(q_values, epsilons, generator)
-            result = env.step(actions.cpu())   # the env runs on the CPU: one small copy per step on a GPU
-            builder.add(obs, obs_first, actions, result, q_values)
-            obs, obs_first = result.obs.to(device), result.first
-            if builder.full:
-                ack = self.transport.send(builder.take(self.index, seq, version, system))
-                seq += 1
-                if ack is not None:
-                    run_env_steps = ack.env_steps
-                    if cfg.collectors.exploration == "linear":
-                        epsilons = self._epsilons(run_env_steps)
-                if (now := time.monotonic()) - last_report >= cfg.metrics.interval_s:
-                    figures = meter.sample()   # travels with the next chunks, for TensorBoard
-                    system = (figures["cpu_percent"], figures["memory_mb"], figures.get("gpu_memory_mb", 0.0))
-                    steps, interval = seq * builder.steps * E, now - last_report
-                    if self.report_progress:
-                        # For the node's launcher, which sums its collectors into one progress line: this
-                        # process's env steps/s, and the run's env steps and their rate as the learner answers.
-                        report = {"rate": (steps - steps_then) / interval, "run_env_steps": run_env_steps,
-                                  "run_rate": (run_env_steps - run_steps_then) / interval, "weights_version": version}
-                        print(f"[{self.name}] {PROGRESS_MARK} {json.dumps(report)}", flush=True)
-                    last_report, steps_then, run_steps_then = now, steps, run_env_steps
-        elapsed = time.monotonic() - started
-        say(self.name, f"stopped after {seq} chunks ({seq * builder.steps * E:,} env steps, "
-                       f"{seq * builder.steps * E / max(elapsed, 1e-9):,.0f}/s), weights version {version} "
-                       f"on {next(net.parameters()).device}")
+                       f"epsilon {self.epsilons.min():.3g}..{self.epsilons.max():.3g}")
+        self._last_report = time.monotonic()
+        self._meter, self._system = SystemMeter(device), ()
+        self._steps_then, self._run_steps_then = 0, self.run_env_steps
+        return True
+
+    def step(self) -> Chunk | None:
+        """One step of every env, acting with the newest weights; every collectors.chunk_steps steps the chunk
+        goes to the learner (returned), and its answer moves the exploration schedule to where the run is."""
+        weights = self.transport.poll_weights()
+        if weights is not None:
+            self.net.load_state_dict(weights.state)
+            self.version = weights.version
+        with torch.inference_mode():
+            q_values = self.net(self.obs)
+            actions = dqn.select_actions(q_values, self.epsilons, self.generator)
+        result = self.env.step(actions.cpu())   # the env runs on the CPU: one small copy per step on a GPU
+        self.builder.add(self.obs, self.obs_first, actions, result, q_values)
+        self.obs, self.obs_first = result.obs.to(self.policy_device), result.first
+        if not self.builder.full:
+            return None
+        chunk = self.builder.take(self.index, self.seq, self.version, self._system)
+        ack = self.transport.send(chunk)
+        self.seq += 1
+        if ack is not None:
+            self.run_env_steps = ack.env_steps
+            if self.cfg.collectors.exploration == "linear":
+                self.epsilons = self._epsilons(self.run_env_steps)
+        if (now := time.monotonic()) - self._last_report >= self.cfg.metrics.interval_s:
+            self._progress(now)
+        return chunk
+
+    def _progress(self, now: float) -> None:
+        figures = self._meter.sample()   # travels with the next chunks, for TensorBoard
+        self._system = (figures["cpu_percent"], figures["memory_mb"], figures.get("gpu_memory_mb", 0.0))
+        steps, interval = self.seq * self.builder.steps * self.builder.num_envs, now - self._last_report
+        if self.report_progress:
+            # For the node's launcher, which sums its collectors into one progress line: this process's env
+            # steps/s, and the run's env steps and their rate as the learner answers.
+            report = {"rate": (steps - self._steps_then) / interval, "run_env_steps": self.run_env_steps,
+                      "run_rate": (self.run_env_steps - self._run_steps_then) / interval,
+                      "weights_version": self.version}
+            print(f"[{self.name}] {PROGRESS_MARK} {json.dumps(report)}", flush=True)
+        self._last_report, self._steps_then, self._run_steps_then = now, steps, self.run_env_steps

@@ -28,7 +28,7 @@ from rl_dqn.intake import Intake
 from rl_dqn.network import describe_precision, resolve_precision
 from rl_dqn.reporting import Counters, Report
 from rl_dqn.trainer import Trainer, Update
-from rl_dqn.transport import LEARNER_RANK, TransportError, place
+from rl_dqn.transport import LEARNER_RANK, LearnerEndpoint, TransportError, place
 from rl_dqn.types import Ack, Chunk
 
 __all__ = ["Learner"]
@@ -45,7 +45,7 @@ class Learner:
     def __init__(self, cfg: Config, spec: EnvSpec, run_dir: Path, stop: threading.Event | None = None,
                  device: torch.device | str | None = None, launched_at: float | None = None):
         self.cfg, self.spec, self.run_dir = cfg, spec, run_dir
-        self.transport = None
+        self.transport: LearnerEndpoint | None = None
         self.stop = stop or threading.Event()
         # Where it trains and keeps its replay: learner.device as placed on this node (a GPU when there is one).
         self.device = torch.device(device) if device is not None else \
@@ -75,7 +75,7 @@ class Learner:
 
     # ------------------------------------------------------------------------------------------- the loop
 
-    def run(self, transport) -> None:
+    def run(self, transport: LearnerEndpoint) -> None:
         """Trains until the collectors together reach train.total_env_steps, or until asked to stop. Collectors
         may die, hang, leave and join at any time; the run ends with an error only when none has been alive for
         cluster.join_timeout_s."""
@@ -161,11 +161,11 @@ class Learner:
         changed = False
         while True:
             try:
-                what, name, detail = self.transport.changes.get_nowait()
+                change = self.transport.changes.get_nowait()
             except queue.Empty:
                 break
             changed = True
-            self.report.membership(what, name, detail)
+            self.report.membership(change)
         if changed:
             self.report.collectors_alive(len(self.transport.alive), self.intake.env_steps)
 

@@ -17,7 +17,7 @@ from rl_dqn.evaluate import EvalResult
 from rl_dqn.metrics import Board, RateMeter
 from rl_dqn.system import SystemMeter
 from rl_dqn.trainer import Update
-from rl_dqn.transport import collector_rank, slot_of, worker_name
+from rl_dqn.transport import Change, Membership, collector_rank, slot_of, worker_name
 from rl_dqn.types import Chunk
 
 
@@ -118,12 +118,14 @@ class Report:
             self.board.histogram("learner/q_values", update.q, counters.env_steps)
             self.board.histogram("learner/td_errors", update.q - update.targets, counters.env_steps)
 
-    def membership(self, what: str, name: str, detail: str) -> None:
+    def membership(self, change: Change) -> None:
         """One line per collector that joins, leaves or is lost."""
-        if what == "joined":
+        what, name, detail = change
+        if what is Membership.JOINED:
             self._collectors[slot_of(name)].processes += 1
-        say("learner", {"joined": f"{name} joined ({detail})", "left": f"{name} left",
-                        "lost": f"{name} lost: {detail}; training goes on, its slot is open for a new process"}[what])
+        say("learner", {Membership.JOINED: f"{name} joined ({detail})", Membership.LEFT: f"{name} left",
+                        Membership.LOST: f"{name} lost: {detail}; training goes on, its slot is open for a new "
+                                         f"process"}[what])
 
     def collectors_alive(self, alive: int, env_steps: int) -> None:
         self.board.scalar("cluster/collectors_alive", alive, env_steps)

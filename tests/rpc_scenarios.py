@@ -214,7 +214,7 @@ def replacing_learner(port: int, kind: str, events) -> None:
         transport.stop_collectors(timeout=10)
         changes = []
         while not transport.changes.empty():
-            changes.append(transport.changes.get()[0])
+            changes.append(transport.changes.get().what.value)
         events.put(("learner", "changes", changes))
     finally:
         transport.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -197,13 +198,23 @@ def test_a_collector_gives_up_joining_at_its_deadline():
     assert time.monotonic() - started < 30
 
 
+def wait_for_output(process: subprocess.Popen, text: str, timeout: float = 60) -> None:
+    """Reads the process's stdout (raw, past its text buffer) until `text` comes."""
+    seen, deadline = b"", time.monotonic() + timeout
+    while text.encode() not in seen:
+        left = deadline - time.monotonic()
+        assert left > 0 and process.poll() is None, f"no {text!r} within {timeout} s: {seen.decode()[-2000:]}"
+        if select.select([process.stdout], [], [], left)[0]:
+            seen += os.read(process.stdout.fileno(), 65536)
+
+
 def test_sigterm_while_joining_ends_the_process(tmp_path):
     process = subprocess.Popen([sys.executable, "-m", "rl_dqn", "collector", "configs/smoke.yaml",
                                 f"cluster.init_method=tcp://127.0.0.1:{free_port()}", "cluster.world_size=3",
                                 "cluster.rank=1", "cluster.interface=lo", "run.name=joining"],
                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, env=dict(os.environ, RL_DQN_RUNS_DIR=str(tmp_path)))
-    time.sleep(6)   # imports, then waiting for a learner that never comes
+    wait_for_output(process, "[collector0] joining the run at")   # for a learner that never comes
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=20)
     assert process.returncode == 1 and "stopped while joining the run" in stderr
@@ -214,7 +225,7 @@ def test_a_learner_alone_stops_on_sigterm_and_keeps_a_checkpoint(tmp_path):
                                 f"cluster.init_method=tcp://127.0.0.1:{free_port()}", "cluster.world_size=3",
                                 "cluster.interface=lo", "run.name=alone"], cwd=ROOT, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, env=dict(os.environ, RL_DQN_RUNS_DIR=str(tmp_path)))
-    time.sleep(6)   # imports, then waiting for collectors that never come
+    wait_for_output(process, "waiting for 2 collectors")   # that never come
     process.send_signal(signal.SIGTERM)
     stdout, stderr = process.communicate(timeout=20)
     assert process.returncode == 0 and "[learner] stopped on a signal" in stdout, stderr

@@ -220,11 +220,15 @@ def test_play_prints_the_score_and_records_a_video_that_decodes(smoke, tmp_path)
                                            f"checkpoint file", output
 
 
+# For tests of how processes start and find each other: a run just long enough to train a little, no evaluation.
+SHORT = ["train.total_env_steps=1536", "eval.every_env_steps=0"]
+
+
 def test_two_node_commands(runs, monkeypatch):
     """The multi-node launchers on one machine: a learner node (tcp://) and a collector node of 2 collectors
     (env://, torchrun-style MASTER_ADDR and MASTER_PORT)."""
     port = free_port()
-    cluster = ["cluster.world_size=3", "cluster.interface=lo"]
+    cluster = ["cluster.world_size=3", "cluster.interface=lo", *SHORT]
     learner = launch("learner.sh", "configs/smoke.yaml", "run.name=nodes",
                      f"cluster.init_method=tcp://127.0.0.1:{port}", *cluster)
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
@@ -236,7 +240,7 @@ def test_two_node_commands(runs, monkeypatch):
     code, output = finish(collectors, timeout=30)
     assert code == 0, output[-3000:]
     summary = json.loads((runs / "nodes" / "summary.json").read_text())
-    assert all(c["env_steps"] > 0 for c in summary["collectors"].values())
+    assert summary["updates"] > 0 and all(c["env_steps"] > 0 for c in summary["collectors"].values())
 
 
 def test_torchrun_starts_the_run_by_rank(runs):
@@ -313,7 +317,7 @@ def test_collector_node_without_a_gpu_joins_a_cuda_run_with_cpu_tensors(runs):
     must run where there is no GPU; over CUDA, a learner sends such collectors a CPU copy of its weights.)"""
     port = free_port()
     cluster = [f"cluster.init_method=tcp://127.0.0.1:{port}", "cluster.world_size=3", "cluster.interface=lo",
-               "run.name=mixed"]
+               "run.name=mixed", *SHORT]
     learner = launch("learner.sh", "configs/smoke.yaml", *cluster, "learner.device=cpu")
     collectors = launch("collector.sh", "configs/smoke.yaml", *cluster, "cluster.rank=1", "transport.kind=cuda",
                         "collectors.device=cpu")
@@ -366,8 +370,8 @@ def test_a_dead_collector_takes_the_run_down_and_is_named(runs):
     process = launch("local.sh", "configs/smoke.yaml", "run.name=dead", *LONG, "collectors.max_restarts=0")
     victim = wait_for(lambda: [line.split()[0] for line in processes_of("dead") if "--local-index=1" in line],
                       timeout=60, what="collector1 to start")
-    wait_for(lambda: (runs / "dead" / "config.yaml").exists(), timeout=60, what="the learner to start")
-    time.sleep(3)
+    wait_for(lambda: (runs / "dead").exists() and scalars(runs / "dead").get("collector/env_steps_per_s"),
+             timeout=60, what="data to reach the learner")
     killed = time.monotonic()
     os.kill(int(victim[0]), signal.SIGKILL)
     code, output = finish(process, timeout=40)

@@ -4,9 +4,12 @@ denormal floats are flushed to zero, in the role's threads and the threads it st
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,12 +55,13 @@ def _faults_per_update(mode: str) -> tuple[bool, float]:
     return out[0] == "True", float(out[1])
 
 
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the setting is glibc's malloc's")
 def test_learner_updates_reuse_freed_memory_instead_of_faulting_it_back_in():
     _, default = _faults_per_update("default")
     kept, faults = _faults_per_update("kept")
     assert kept
     assert default > 500, f"{default} page faults per update with malloc's defaults"
-    assert faults < default / 20, f"{faults} page faults per update kept, {default} with malloc's defaults"
+    assert faults < default / 10, f"{faults} page faults per update kept, {default} with malloc's defaults"
 
 
 # A denormal (below float32's smallest normal number, 1.2e-38) survives arithmetic by default and becomes zero once

@@ -20,7 +20,6 @@ shutdown (`graceful=False`), since a graceful one waits forever on a dead peer.
 from __future__ import annotations
 
 import collections
-import enum
 import os
 import queue
 import threading
@@ -35,6 +34,7 @@ from torch.futures import Future
 from rl_dqn.config import Config
 from rl_dqn.transport import membership
 from rl_dqn.transport.devices import LEARNER_RANK, Placement, slot_of, worker_name
+from rl_dqn.transport.endpoints import Change, Membership, Standing
 from rl_dqn.types import Ack, Chunk, Weights
 
 QUIET_S = 5.0          # a peer not heard from for this long is pinged
@@ -48,11 +48,6 @@ def collector_rank(index: int) -> int:
     return index + 1
 
 
-class Standing(enum.Enum):
-    """Where the process that sent a chunk stands in the run."""
-    NEWEST = "newest"     # the newest process admitted to its slot (alive, or dropped for a hang and not replaced)
-    FORMER = "former"     # a process admitted to its slot before the newest
-    UNKNOWN = "unknown"   # no process the run admitted
 
 
 # The endpoint of this process; the RPC functions below run on RPC threads and route to it.
@@ -217,7 +212,7 @@ def _reason(error: BaseException) -> str:
 # --------------------------------------------------------------------------------------------- learner side
 
 
-class Delivery(NamedTuple):
+class RpcDelivery(NamedTuple):
     chunk: Chunk
     ack: Future     # complete it (LearnerTransport.acknowledge) to let the collector send more
     arrived: torch.cuda.Event | None = None
@@ -232,11 +227,11 @@ class LearnerTransport:
         global _endpoint
         self.cfg = cfg
         self.placement = placement
-        self._inbox: queue.SimpleQueue[Delivery] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[RpcDelivery] = queue.SimpleQueue()
         self._lock = threading.RLock()         # membership below: the admission thread, RPC threads, the loop
         self.alive: set[str] = set()           # collectors that said hello and have not been lost or left
         self.lost: dict[str, str] = {}         # collector name -> why it was last dropped
-        self.changes: queue.SimpleQueue[tuple[str, str, str]] = queue.SimpleQueue()   # (what, name, detail)
+        self.changes: queue.SimpleQueue[Change] = queue.SimpleQueue()
         self._publishing: dict[str, Future] = {}
         self._pinging: dict[str, Future] = {}
         self._heard: dict[str, float] = {}     # last chunk or answered ping
@@ -283,7 +278,7 @@ class LearnerTransport:
             self._publishing.pop(name, None)
             self._pinging.pop(name, None)
             incarnation = self.registry.incarnations[slot] - 1
-        self.changes.put(("joined", name, f"process {incarnation + 1} of its slot"))
+        self.changes.put(Change(Membership.JOINED, name, f"process {incarnation + 1} of its slot"))
         self.registry.keep_learner_only()
         if (latest := self._latest) is None:
             return None
@@ -298,7 +293,7 @@ class LearnerTransport:
                 return
             self.alive.discard(name)
             self._active.pop(slot, None)
-        self.changes.put(("left", name, ""))
+        self.changes.put(Change(Membership.LEFT, name, ""))
         self.registry.forget(name)
 
     def _drop(self, name: str, why: str) -> None:
@@ -308,7 +303,7 @@ class LearnerTransport:
         self._publishing.pop(name, None)
         self._pinging.pop(name, None)
         self.lost[name] = why
-        self.changes.put(("lost", name, why))
+        self.changes.put(Change(Membership.LOST, name, why))
 
     def _lose(self, name: str, why: str) -> None:
         """A collector that failed a call is dropped; forgetting it may wait on a join, so not on this thread."""
@@ -336,10 +331,10 @@ class LearnerTransport:
             else:
                 self._unanswered.add(ack)
                 arrived = _arrival(chunk) if isinstance(chunk, Chunk) else None
-                self._inbox.put(Delivery(chunk, ack, arrived))
+                self._inbox.put(RpcDelivery(chunk, ack, arrived))
         return ack
 
-    def receive(self, timeout: float) -> list[Delivery]:
+    def receive(self, timeout: float) -> list[RpcDelivery]:
         """Everything that arrived, waiting up to `timeout` seconds for the first delivery; chunks that arrived on
         a GPU are ready to use on the calling thread's stream. A delivery may hold anything a peer sent: the
         learner checks it before use."""
@@ -355,7 +350,7 @@ class LearnerTransport:
                 _settle(delivery.chunk, delivery.arrived)
         return deliveries
 
-    def acknowledge(self, delivery: Delivery, ack: Ack) -> None:
+    def acknowledge(self, delivery: RpcDelivery, ack: Ack) -> None:
         """Answers a chunk; a process that is no longer in the run learns so from the answer."""
         with self._lock:
             chunk = delivery.chunk

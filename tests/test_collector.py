@@ -1,0 +1,112 @@
+"""A Collector driven in-process, step by step, on real Pong envs, against an in-memory endpoint that does what
+CollectorEndpoint says: hands it weights, takes its chunks and answers them. (The RPC endpoints are tested in
+test_transport.py.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from envs import describe_env, make_vector_env
+from rl_dqn.collector import Collector
+from rl_dqn.config import load_config
+from rl_dqn.intake import Intake
+from rl_dqn.network import QNetwork
+from rl_dqn.trainer import Trainer
+from rl_dqn.transport import CollectorEndpoint, Standing
+from rl_dqn.types import Ack, Chunk, Weights
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class MemoryEndpoint:
+    """Keeps what the collector sends and answers with the run's env steps that the test sets."""
+
+    def __init__(self, weights: Weights, env_steps_at_join: int = 0):
+        self.env_steps_at_join = env_steps_at_join
+        self.sent: list[Chunk] = []
+        self.new_weights: Weights | None = weights
+        self.run_env_steps = env_steps_at_join
+        self.stop_after: int | None = None
+
+    @property
+    def stop_requested(self) -> bool:
+        return self.stop_after is not None and len(self.sent) >= self.stop_after
+
+    def wait_weights(self, timeout: float) -> Weights | None:
+        return self.poll_weights()
+
+    def poll_weights(self) -> Weights | None:
+        weights, self.new_weights = self.new_weights, None
+        return weights
+
+    def send(self, chunk: Chunk) -> Ack | None:
+        self.sent.append(chunk)
+        return Ack(self.run_env_steps, stop=False)
+
+    def close(self) -> None:
+        pass
+
+
+def prepared(*overrides: str):
+    cfg = load_config(ROOT / "configs/smoke.yaml", ["run.name=t", "collectors.exploration=linear",
+                                                    "collectors.epsilon_decay_env_steps=10000", *overrides])
+    spec = describe_env(cfg.env)
+    torch.manual_seed(0)
+    state = QNetwork.for_env(spec.obs_shape, spec.num_actions, cfg.network, "cpu").state_dict()
+    return cfg, spec, MemoryEndpoint(Weights(7, state))
+
+
+def weights_like(state: dict, version: int, value: float) -> Weights:
+    return Weights(version, {k: torch.full_like(v, value) for k, v in state.items()})
+
+
+def test_a_collector_steps_sends_chunks_and_adopts_weights_and_the_runs_schedule():
+    cfg, spec, endpoint = prepared()
+    collector = Collector(cfg, index=1, transport=endpoint)
+    env = make_vector_env(cfg.env, cfg.env.envs_per_collector, seed=collector.seed)
+    assert isinstance(endpoint, CollectorEndpoint)
+    try:
+        assert collector.start(env)
+        assert collector.epsilons.tolist() == [1.0] * 4
+        T = cfg.collectors.chunk_steps
+        returned = [collector.step() for _ in range(T)]
+        assert returned[:-1] == [None] * (T - 1) and returned[-1] is endpoint.sent[0]
+        first = endpoint.sent[0]
+        assert (first.collector, first.seq, first.weights_version) == (1, 0, 7)
+        assert first.frames.shape == (T, 4, *spec.frame_shape) and first.first[0].all()
+        # The learner answered that the run is at 5,000 env steps: epsilon is halfway down from then on.
+        endpoint.run_env_steps = 5_000
+        new = weights_like(collector.net.state_dict(), version=8, value=0.0)
+        endpoint.new_weights = new
+        for _ in range(T):
+            collector.step()
+        second = endpoint.sent[1]
+        assert (second.seq, second.weights_version) == (1, 8)
+        assert all(torch.equal(v.float(), new.state[k].float()) for k, v in collector.net.state_dict().items())
+        expected = 1.0 + (cfg.collectors.epsilon_end - 1.0) * 0.5
+        assert torch.allclose(collector.epsilons, torch.full((4,), expected))
+        # A learner of the same config takes both chunks as they are.
+        intake = Intake(cfg, spec, Trainer(cfg, spec, torch.device("cpu")).replay,
+                        standing=lambda chunk: Standing.NEWEST, arrived=lambda chunk: None)
+        for chunk in endpoint.sent:
+            assert intake.refusal(chunk._replace(sender=0)) is None
+            intake.ingest(chunk._replace(sender=0))
+        assert intake.env_steps == 2 * T * 4
+    finally:
+        env.close()
+
+
+def test_a_collector_runs_until_the_learner_says_the_run_is_over():
+    cfg, _, endpoint = prepared()
+    endpoint.stop_after = 3
+    Collector(cfg, index=0, transport=endpoint).run()
+    assert [chunk.seq for chunk in endpoint.sent] == [0, 1, 2]
+
+
+def test_a_collector_that_gets_no_weights_leaves_without_stepping():
+    cfg, _, endpoint = prepared()
+    endpoint.new_weights = None
+    Collector(cfg, index=0, transport=endpoint).run()
+    assert endpoint.sent == []
