@@ -83,16 +83,8 @@ def gpu_lines() -> list[str]:
 
 
 def tensorpipe_lines(cfg: Config) -> list[str]:
-    import torch.distributed.rpc as rpc
-
-    from rl_dqn.transport.rpc import built_channels
-    transports = []
-    for name in TENSORPIPE_TRANSPORTS:
-        try:
-            rpc.TensorPipeRpcBackendOptions(init_method="tcp://127.0.0.1:1", _transports=[name])
-        except RuntimeError:
-            continue
-        transports.append(name)
+    from rl_dqn.transport.rpc import built_channels, built_transports
+    transports = built_transports(TENSORPIPE_TRANSPORTS)
     channels = built_channels(TENSORPIPE_CPU_CHANNELS + TENSORPIPE_CUDA_CHANNELS)
     used = built_channels(cfg.transport.tensorpipe_channels)
     return [f"TensorPipe in this torch build: transports {', '.join(transports)}; channels {', '.join(channels)}",
@@ -105,8 +97,8 @@ def roles(cfg: Config) -> tuple[list[str], list[str]]:
     collectors; a collector node: its collectors), and recommendations about it."""
     import torch
 
-    from rl_dqn.trainer import torch_threads
     from rl_dqn.network import describe_precision
+    from rl_dqn.trainer import torch_threads
     from rl_dqn.transport import place
     gpus = torch.cuda.device_count()
     lines, advice = [], []

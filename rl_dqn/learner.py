@@ -139,7 +139,7 @@ class Learner:
         """One update, timed and reported."""
         started = time.perf_counter()
         update = self.trainer.step(self.intake.env_steps)
-        self.report.updated(update, time.perf_counter() - started, self.counters())
+        self.report.updated(update, time.perf_counter() - started, self.intake.env_steps, self.trainer.updates)
         return update
 
     def _train_one(self) -> None:
@@ -222,14 +222,11 @@ class Learner:
         the trainer's state, the counters and the rest of the run's clock (schedules such as epsilon and beta
         follow from env_steps)."""
         trainer = self.trainer
-        state = trainer.state()
-        state = {
-            "network": state["network"], "target": state["target"], "optimizer": state["optimizer"],
+        state = trainer.state() | {
             "counters": {"env_steps": self.intake.env_steps, "updates": trainer.updates,
                          "weights_version": self.weights_version},
             "schedule": {"next_eval": self.next_eval, "best_eval": self.report.best_eval,
                          "elapsed_s": self.report.elapsed()},
-            "generator": state["generator"],
         } | self._identity()
         replay = trainer.replay.state_dict() if self.cfg.learner.checkpoint_replay else None
         return checkpoints.save(self.run_dir, state, replay, trainer.updates, self.cfg.learner.keep_checkpoints)
@@ -239,10 +236,7 @@ class Learner:
         and, when the checkpoint has them, the replay contents."""
         state, replay = checkpoints.load(path)
         counters, schedule = state["counters"], state["schedule"]
-        same_device = self.trainer.load_state({
-            "network": state["network"], "target": state["target"], "optimizer": state["optimizer"],
-            "updates": counters["updates"], "generator": state["generator"]})
-        if not same_device:
+        if not self.trainer.load_state(state, counters["updates"]):
             say("learner", f"the checkpoint's sampling state is not a {self.device.type} generator's: the run goes "
                            f"on with batches drawn from a new seed")
         self.intake.env_steps = counters["env_steps"]

@@ -107,16 +107,16 @@ class Report:
         say("learner", f"refused a chunk from collector {collector}: {cause} (counted in transport/rejected_chunks; "
                        f"logged once per cause)")
 
-    def updated(self, update: Update, seconds: float, counters: Counters) -> None:
-        """An update that took `seconds`; the first one starts the training clock."""
+    def updated(self, update: Update, seconds: float, env_steps: int, updates: int) -> None:
+        """Update number `updates`, which took `seconds`; the first one starts the training clock."""
         if self._training_start is None:
-            self._training_start = (time.monotonic() - seconds, counters.env_steps, counters.updates - 1)
+            self._training_start = (time.monotonic() - seconds, env_steps, updates - 1)
         self._update_meter.add(1)
         self._training_meter.add(seconds)
         every = self.cfg.metrics.histogram_every_updates
-        if every and counters.updates % every == 0:
-            self.board.histogram("learner/q_values", update.q, counters.env_steps)
-            self.board.histogram("learner/td_errors", update.q - update.targets, counters.env_steps)
+        if every and updates % every == 0:
+            self.board.histogram("learner/q_values", update.q, env_steps)
+            self.board.histogram("learner/td_errors", update.q - update.targets, env_steps)
 
     def membership(self, change: Change) -> None:
         """One line per collector that joins, leaves or is lost."""

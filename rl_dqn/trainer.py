@@ -131,21 +131,21 @@ class Trainer:
         return Weights(version, {k: v.detach().clone() for k, v in self.network.state_dict().items()})
 
     def state(self) -> dict:
-        """Networks, optimizer, update count and the sampling generator: a resumed trainer draws the batch that
-        this one has prepared but not trained on yet."""
+        """Networks, optimizer and the sampling generator (with `updates`, all a resumed trainer needs): it draws
+        the batch that this one has prepared but not trained on yet."""
         return {"network": self.network.state_dict(), "target": self.target.state_dict(),
-                "optimizer": self.optimizer.state_dict(), "updates": self.updates,
+                "optimizer": self.optimizer.state_dict(),
                 "generator": self._generator_before_prepared if self._prepared is not None
                 else self.generator.get_state()}
 
-    def load_state(self, state: dict) -> bool:
-        """Continues from state(). Returns False when its generator was another kind of device's (a CPU
-        generator's state is 5,056 bytes, a CUDA one's 16): sampling then goes on from a seed of the run and its
-        updates instead of the saved stream."""
+    def load_state(self, state: dict, updates: int) -> bool:
+        """Continues from state() after `updates` updates. Returns False when its generator was another kind of
+        device's (a CPU generator's state is 5,056 bytes, a CUDA one's 16): sampling then goes on from a seed of the
+        run and its updates instead of the saved stream."""
         self.network.load_state_dict(state["network"])
         self.target.load_state_dict(state["target"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.updates = state["updates"]
+        self.updates = updates
         self._take_prepared()
         if state["generator"].numel() == self.generator.get_state().numel():
             self.generator.set_state(state["generator"])

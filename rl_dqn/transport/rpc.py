@@ -79,17 +79,23 @@ def _request_stop() -> None:
     _endpoint._on_stop()
 
 
+def built_transports(names) -> list[str]:
+    """Those of TensorPipe transports `names` that this torch build has."""
+    return [name for name in names if _accepted("_transports", name)]
+
+
 def built_channels(names) -> list[str]:
-    """Those of TensorPipe channels `names` that this torch build has (its CUDA channels only in a CUDA build: the
-    backend options refuse a name the build lacks)."""
-    built = []
-    for name in names:
-        try:
-            rpc.TensorPipeRpcBackendOptions(init_method="tcp://127.0.0.1:1", _channels=[name])
-        except RuntimeError:
-            continue
-        built.append(name)
-    return built
+    """Those of TensorPipe channels `names` that this torch build has (its CUDA channels only in a CUDA build)."""
+    return [name for name in names if _accepted("_channels", name)]
+
+
+def _accepted(option: str, name: str) -> bool:
+    """Whether TensorPipe's backend options take `name` in `option` (they refuse a name the build lacks)."""
+    try:
+        rpc.TensorPipeRpcBackendOptions(init_method="tcp://127.0.0.1:1", **{option: [name]})
+    except RuntimeError:
+        return False
+    return True
 
 
 def _options(cfg: Config, placement: Placement, host: str, port: int) -> rpc.TensorPipeRpcBackendOptions:
