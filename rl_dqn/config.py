@@ -346,9 +346,17 @@ class EvalConfig:
     replay); 0 = none"""
     episodes: int = 10
     """episodes per evaluation: the first this many started (see eval.envs)"""
+    screen_episodes: int = 0
+    """a round first plays this many episodes and plays on to eval.episodes only where their mean reached
+    eval.screen_score; a round that stops there scores the mean of these few. Rounds far below the score that
+    matters then cost a fraction of a whole one, and a score at or above eval.screen_score is always the mean of
+    eval.episodes. 0 = every round plays eval.episodes"""
+    screen_score: float = 0.0
+    """the mean raw score of a round's first eval.screen_episodes episodes at which it plays on to eval.episodes"""
     envs: int = 8
     """envs the evaluation plays side by side, each one episode after another until eval.episodes have started
-    (with one env per episode, every env steps on until the longest episode ends)"""
+    (with one env per episode, every env steps on until the longest episode ends); with eval.screen_episodes at
+    most that many"""
     epsilon: float = 0.01
     """epsilon of the evaluation episodes (0.001 - 0.05 is usual for Atari)"""
     max_episode_frames: int = 0
@@ -367,6 +375,8 @@ class EvalConfig:
         _require(self.every_env_steps >= 0, "eval.every_env_steps", f"must be >= 0, got {self.every_env_steps}")
         _require(self.episodes >= 1, "eval.episodes", f"must be >= 1, got {self.episodes}")
         _require(self.envs >= 1, "eval.envs", f"must be >= 1, got {self.envs}")
+        _require(self.screen_episodes == 0 or 0 < self.screen_episodes < self.episodes, "eval.screen_episodes",
+                 f"must be 0 (off) or 1 to eval.episodes - 1 ({self.episodes - 1}), got {self.screen_episodes}")
         _require(self.max_episode_frames >= 0, "eval.max_episode_frames",
                  f"must be >= 0, got {self.max_episode_frames}")
         _require(0.0 <= self.epsilon <= 1.0, "eval.epsilon", f"must be in [0, 1], got {self.epsilon}")
@@ -417,6 +427,12 @@ class Config:
         _require(lane_steps >= need, "train.replay_capacity",
                  f"must hold at least {need} steps for each of the run's {self.num_envs} envs "
                  f"(>= {need * self.num_envs}), got {self.train.replay_capacity}")
+
+    @property
+    def eval_envs(self) -> int:
+        """Envs the evaluation plays side by side: eval.envs, at most as many as the episodes of its first phase
+        (eval.screen_episodes, or else eval.episodes), so that no env plays an episode that cannot count."""
+        return min(self.eval.envs, self.eval.screen_episodes or self.eval.episodes)
 
     @property
     def eval_env(self) -> EnvConfig:

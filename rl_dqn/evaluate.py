@@ -67,6 +67,18 @@ def play(env, network: QNetwork, episodes: int, epsilon: float, generator: torch
     return scores
 
 
+def play_round(env, network: QNetwork, eval_cfg, generator: torch.Generator,
+               record: Callable[[np.ndarray], None] | None = None, record_steps: int = 0) -> list[float]:
+    """One evaluation round (`eval_cfg`: a config's `eval` section): eval.episodes episodes, or with
+    eval.screen_episodes that many first and the rest only if their mean reached eval.screen_score. The second
+    phase starts every env afresh, so each of its episodes counts from its start as in `play`."""
+    first = eval_cfg.screen_episodes or eval_cfg.episodes
+    scores = play(env, network, first, eval_cfg.epsilon, generator, record, record_steps)
+    if first < eval_cfg.episodes and sum(scores) / len(scores) >= eval_cfg.screen_score:
+        scores += play(env, network, eval_cfg.episodes - first, eval_cfg.epsilon, generator)
+    return scores
+
+
 def load_player(checkpoint: Path) -> tuple[Config, QNetwork]:
     """The run's config and its online network from a checkpoint."""
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)
@@ -149,8 +161,7 @@ def _evaluator_main(cfg_dict: dict, requests, results) -> None:
     env = None
     try:
         record = cfg.eval.video_max_steps if cfg.eval.video else 0
-        env = make_vector_env(cfg.eval_env, min(cfg.eval.envs, cfg.eval.episodes),
-                              seed=cfg.run.seed * 100_000 + 99_999, screen=record > 0)
+        env = make_vector_env(cfg.eval_env, cfg.eval_envs, seed=cfg.run.seed * 100_000 + 99_999, screen=record > 0)
         network = QNetwork.for_env(env.spec.obs_shape, env.spec.num_actions, cfg.network, "cpu").for_acting()
         generator = torch.Generator().manual_seed(cfg.run.seed + 99_999)
         while (request := requests.get()) is not None:
@@ -158,8 +169,7 @@ def _evaluator_main(cfg_dict: dict, requests, results) -> None:
             network.load_state_dict(state)
             started, cpu = time.monotonic(), time.process_time()
             frames: list[np.ndarray] = []
-            scores = play(env, network, cfg.eval.episodes, cfg.eval.epsilon, generator,
-                          frames.append if record else None, record)
+            scores = play_round(env, network, cfg.eval, generator, frames.append if record else None, record)
             video = gif_bytes(frames, fps_of(cfg.env.frame_skip)) if record else None
             results.put((env_steps, elapsed_s, version, scores, video, time.monotonic() - started,
                          time.process_time() - cpu))

@@ -151,11 +151,14 @@ class Report:
         self.board.scalar("eval/episode_return_vs_seconds", mean, int(known_s))
         self.board.scalar("eval/round_s", result.round_s, result.env_steps)
         self.board.scalar("eval/round_cpu_s", result.round_cpu_s, result.env_steps)
+        self.board.scalar("eval/episodes", len(result.scores), result.env_steps)
         if result.video is not None:
             self.board.gif("eval/video", result.video, 210, 160, result.env_steps)
         say("learner", f"eval at {result.env_steps:,} env steps (weights v{result.weights_version} of "
                        f"{duration(result.elapsed_s)}, scored by {duration(known_s)} in {result.round_s:.0f} s): "
-                       f"{mean:.2f} +- {std:.2f} over {len(result.scores)} episodes")
+                       f"{mean:.2f} +- {std:.2f} over {len(result.scores)} episodes"
+                       + (f" (below eval.screen_score {self.cfg.eval.screen_score:g}: the round stops there)"
+                          if len(result.scores) < self.cfg.eval.episodes else ""))
         return mean, std, best
 
     def finish(self) -> None:
