@@ -355,8 +355,8 @@ class EvalConfig:
     """the mean raw score of a round's first eval.screen_episodes episodes at which it plays on to eval.episodes"""
     envs: int = 8
     """envs the evaluation plays side by side, each one episode after another until eval.episodes have started
-    (with one env per episode, every env steps on until the longest episode ends); with eval.screen_episodes at
-    most that many"""
+    (with one env per episode, every env steps on until the longest episode ends); a screened round's two phases
+    each play on at most as many envs as they have episodes"""
     epsilon: float = 0.01
     """epsilon of the evaluation episodes (0.001 - 0.05 is usual for Atari)"""
     max_episode_frames: int = 0
@@ -429,10 +429,13 @@ class Config:
                  f"(>= {need * self.num_envs}), got {self.train.replay_capacity}")
 
     @property
-    def eval_envs(self) -> int:
-        """Envs the evaluation plays side by side: eval.envs, at most as many as the episodes of its first phase
-        (eval.screen_episodes, or else eval.episodes), so that no env plays an episode that cannot count."""
-        return min(self.eval.envs, self.eval.screen_episodes or self.eval.episodes)
+    def eval_phases(self) -> tuple[tuple[int, int], ...]:
+        """(episodes, envs) of each phase of an evaluation round: eval.episodes, or with eval.screen_episodes that
+        many and then the rest. Each phase plays on eval.envs envs, or as many as its episodes where that is fewer,
+        so that no env plays an episode that cannot count."""
+        e = self.eval
+        counts = (e.screen_episodes, e.episodes - e.screen_episodes) if e.screen_episodes else (e.episodes,)
+        return tuple((n, min(e.envs, n)) for n in counts)
 
     @property
     def eval_env(self) -> EnvConfig:

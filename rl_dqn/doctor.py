@@ -122,7 +122,7 @@ def roles(cfg: Config) -> tuple[list[str], list[str]]:
             if warning and warning not in advice:
                 advice.append(warning)
     if cfg.eval.every_env_steps and cfg.cluster.rank == 0:
-        lines.append(f"  evaluator: cpu, {cfg.eval_envs} envs, {cfg.eval.torch_threads} torch "
+        lines.append(f"  evaluator: cpu, {" then ".join(f"{envs}" for _, envs in cfg.eval_phases)} envs, {cfg.eval.torch_threads} torch "
                      f"thread(s), every {cfg.eval.every_env_steps:,} env steps")
     return lines, advice
 

@@ -67,15 +67,15 @@ def play(env, network: QNetwork, episodes: int, epsilon: float, generator: torch
     return scores
 
 
-def play_round(env, network: QNetwork, eval_cfg, generator: torch.Generator,
+def play_round(envs: list, network: QNetwork, eval_cfg, generator: torch.Generator,
                record: Callable[[np.ndarray], None] | None = None, record_steps: int = 0) -> list[float]:
-    """One evaluation round (`eval_cfg`: a config's `eval` section): eval.episodes episodes, or with
-    eval.screen_episodes that many first and the rest only if their mean reached eval.screen_score. The second
-    phase starts every env afresh, so each of its episodes counts from its start as in `play`."""
+    """One evaluation round (`eval_cfg`: a config's `eval` section) on the vector envs of its phases (see
+    Config.eval_phases): eval.episodes episodes, or with eval.screen_episodes that many first and the rest, on the
+    second env, only if their mean reached eval.screen_score. `record` sees the first phase's env 0."""
     first = eval_cfg.screen_episodes or eval_cfg.episodes
-    scores = play(env, network, first, eval_cfg.epsilon, generator, record, record_steps)
+    scores = play(envs[0], network, first, eval_cfg.epsilon, generator, record, record_steps)
     if first < eval_cfg.episodes and sum(scores) / len(scores) >= eval_cfg.screen_score:
-        scores += play(env, network, eval_cfg.episodes - first, eval_cfg.epsilon, generator)
+        scores += play(envs[1], network, eval_cfg.episodes - first, eval_cfg.epsilon, generator)
     return scores
 
 
@@ -158,25 +158,28 @@ def _evaluator_main(cfg_dict: dict, requests, results) -> None:
     configure_process()
     cfg = from_dict(cfg_dict)
     torch.set_num_threads(cfg.eval.torch_threads)
-    env = None
+    envs = []
     try:
         record = cfg.eval.video_max_steps if cfg.eval.video else 0
-        env = make_vector_env(cfg.eval_env, cfg.eval_envs, seed=cfg.run.seed * 100_000 + 99_999, screen=record > 0)
-        network = QNetwork.for_env(env.spec.obs_shape, env.spec.num_actions, cfg.network, "cpu").for_acting()
+        for phase, (_, count) in enumerate(cfg.eval_phases):
+            envs.append(make_vector_env(cfg.eval_env, count, seed=cfg.run.seed * 100_000 + 99_999 - 1_000 * phase,
+                                        screen=record > 0 and phase == 0))
+        spec = envs[0].spec
+        network = QNetwork.for_env(spec.obs_shape, spec.num_actions, cfg.network, "cpu").for_acting()
         generator = torch.Generator().manual_seed(cfg.run.seed + 99_999)
         while (request := requests.get()) is not None:
             state, env_steps, elapsed_s, version = request
             network.load_state_dict(state)
             started, cpu = time.monotonic(), time.process_time()
             frames: list[np.ndarray] = []
-            scores = play_round(env, network, cfg.eval, generator, frames.append if record else None, record)
+            scores = play_round(envs, network, cfg.eval, generator, frames.append if record else None, record)
             video = gif_bytes(frames, fps_of(cfg.env.frame_skip)) if record else None
             results.put((env_steps, elapsed_s, version, scores, video, time.monotonic() - started,
                          time.process_time() - cpu))
     except Exception as e:  # noqa: BLE001 - reported to the learner as one line
         results.put(f"evaluator failed: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}")
     finally:
-        if env is not None:
+        for env in envs:
             env.close()
         os._exit(0)
 

@@ -25,21 +25,11 @@ class ScriptedEpisodes(VectorEnv):
         self.spec = EnvSpec((1, 2), torch.float32, 2)
         self.left = [env.pop(0) for env in self.lengths]   # steps left in each env's current episode
         self.resetting = [False] * self.num_envs
-        self.stepped = False
 
     def reset(self) -> torch.Tensor:
-        """After steps, every env leaves the episode it is in (or about to start) for its next one, as a real
-        vector env's reset does."""
-        if self.stepped:
-            self.left = [env.pop(0) for env in self.lengths]
-            self.resetting = [False] * self.num_envs
-        return self._obs()
-
-    def _obs(self) -> torch.Tensor:
         return torch.zeros(self.num_envs, 1, 2)
 
     def step(self, actions: torch.Tensor) -> StepResult:
-        self.stepped = True
         reward, ended, first = torch.zeros(self.num_envs), torch.zeros(self.num_envs, dtype=torch.bool), \
             torch.tensor(self.resetting)
         for i in range(self.num_envs):
@@ -51,7 +41,7 @@ class ScriptedEpisodes(VectorEnv):
             self.left[i] -= 1
             ended[i] = self.resetting[i] = self.left[i] == 0
         none = torch.zeros(self.num_envs, dtype=torch.bool)
-        return StepResult(self._obs(), reward, reward, ended, none, ended, first)
+        return StepResult(self.reset(), reward, reward, ended, none, ended, first)
 
     def close(self) -> None:
         pass
@@ -79,15 +69,17 @@ def test_a_round_with_an_env_per_episode_scores_each_envs_first_episode():
 
 
 def test_a_screened_round_plays_on_only_where_its_first_episodes_reached_the_screen_score():
-    # Phase 1, 2 episodes on 2 envs: 3 and 5 (mean 4). Phase 2 restarts both envs: 2 and 1 start at once, 12 after
-    # env 1's 1-step episode (3 episodes); env 0's 4-step one after its 2 does not count.
+    # The screen: 2 episodes on 2 envs, 3 and 5 (mean 4). The rest: 3 episodes on 2 more envs, 2 and 1 at once and
+    # 12 after the 1-step one; the 4-step episode that follows the 2-step one does not count.
     network = QNetwork((1, 2), 2, mlp_hidden=(4,)).for_acting()
-    lengths = [[3, 10, 2, 4], [5, 1, 12, 9]]
     for screen_score, expected in [(4.0, [1.0, 2.0, 3.0, 5.0, 12.0]), (4.5, [3.0, 5.0])]:
         cfg = EvalConfig(episodes=5, screen_episodes=2, screen_score=screen_score, epsilon=0.0)
-        scores = play_round(ScriptedEpisodes(lengths), network, cfg, torch.Generator().manual_seed(0))
+        envs = [ScriptedEpisodes([[3, 10], [5, 7]]), ScriptedEpisodes([[2, 4], [1, 12, 9]])]
+        scores = play_round(envs, network, cfg, torch.Generator().manual_seed(0))
         assert sorted(scores) == expected
-    assert load_config(ROOT / "configs/pong_cpu.yaml", ["eval.screen_episodes=5", "eval.envs=20"]).eval_envs == 5
+    phases = load_config(ROOT / "configs/pong_cpu.yaml", ["eval.screen_episodes=5", "eval.envs=20"]).eval_phases
+    assert phases == ((5, 5), (15, 15))
+    assert load_config(ROOT / "configs/pong_cpu.yaml", ["eval.envs=8"]).eval_phases == ((20, 8),)
 
 
 def test_evaluation_episodes_end_at_the_evaluation_time_limit_and_score_what_they_scored():
