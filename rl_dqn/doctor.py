@@ -122,8 +122,9 @@ def roles(cfg: Config) -> tuple[list[str], list[str]]:
             if warning and warning not in advice:
                 advice.append(warning)
     if cfg.eval.every_env_steps and cfg.cluster.rank == 0:
-        lines.append(f"  evaluator: cpu, {" then ".join(f"{envs}" for _, envs in cfg.eval_phases)} envs, {cfg.eval.torch_threads} torch "
-                     f"thread(s), every {cfg.eval.every_env_steps:,} env steps")
+        phases = " then ".join(f"{episodes} episodes on {envs} envs" for episodes, envs in cfg.eval_phases)
+        lines.append(f"  evaluator: cpu, {phases}, {cfg.eval.torch_threads} torch thread(s), every "
+                     f"{cfg.eval.every_env_steps:,} env steps")
     return lines, advice
 
 
