@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from rl_dqn.cli import LAUNCHED_AT_ENV  # noqa: E402
 from rl_dqn.console import duration  # noqa: E402
-from rl_dqn.plot import EvalPoint, PlotError, first_reaching, read_evals, score_list, table  # noqa: E402
+from rl_dqn.plot import EvalPoint, PlotError, first_reaching, load_events, read_evals, score_list, table  # noqa: E402
 
 POLL_S = 10.0
 
@@ -64,6 +64,7 @@ def run_one(config: str, seed: int, name: str, overrides: list[str], limit_s: fl
     argv = [str(ROOT / "launch/local.sh"), config, f"run.seed={seed}", f"run.name={name}", *overrides]
     launched = time.time()
     due = {"collector": faults.collector_at_s, "learner": faults.learner_at_s}
+    progress = Progress(runs_dir() / name)
     with open(log, "w") as out:
         while True:
             print(f"$ {shlex.join(argv)}", flush=True)
@@ -79,7 +80,7 @@ def run_one(config: str, seed: int, name: str, overrides: list[str], limit_s: fl
                             pid = _kill(name, role)
                             print(f"  {duration(time.time() - launched)} from launch: killed the {role} (pid {pid}) "
                                   f"with SIGKILL", flush=True)
-                    if stop_at is not None and _reached(runs_dir() / name, stop_at):
+                    if stop_at is not None and progress.reached(stop_at):
                         print(f"  reached {stop_at:g}: stopping the run", flush=True)
                         break
             finally:
@@ -116,11 +117,22 @@ def _stop(process: subprocess.Popen) -> None:
             process.wait()
 
 
-def _reached(run_dir: Path, score: float) -> bool:
-    try:
-        return first_reaching(read_evals(run_dir), score) is not None
-    except PlotError:
-        return False
+class Progress:
+    """A run's evaluations as it goes, read from its TensorBoard events with one accumulator, so that each poll
+    reads only what was written since the last (a new reader per poll parses the whole file, which grows to
+    a few MB within an hour: seconds of CPU a minute taken from the run it measures)."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir, self.events = run_dir, None
+
+    def reached(self, score: float) -> bool:
+        if self.events is None and not any(self.run_dir.glob("events.out.tfevents.*")):
+            return False
+        try:
+            self.events = self.events or load_events(self.run_dir)
+            return first_reaching(read_evals(self.run_dir, self.events), score) is not None
+        except PlotError:
+            return False
 
 
 def where_time_went(run_dir: Path) -> str:
@@ -145,9 +157,7 @@ def _s(value: float | None) -> str:
 
 def _cpu_by_role(run_dir: Path) -> dict[str, float]:
     """Mean CPU % of the learner, and the sum of the collectors' means, from TensorBoard's system figures."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
-    events.Reload()
+    events = load_events(run_dir)
     means = {}
     for tag in events.Tags()["scalars"]:
         if tag == "system/learner/cpu_percent" or tag.startswith("system/collector") and tag.endswith("cpu_percent"):

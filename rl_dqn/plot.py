@@ -30,15 +30,38 @@ class PlotError(ValueError):
     """A folder that is not a run, or a run without evaluations."""
 
 
-def read_evals(run_dir: Path) -> list[EvalPoint]:
-    """The evaluation rounds a run logged (eval/episode_return, eval/episode_return_std, eval/time_from_launch_s),
-    in order of env steps. A resumed run's event files are read together; what its earlier process wrote after
-    the checkpoint it resumed from is left out, as TensorBoard leaves it out."""
+def load_events(run_dir: Path, events=None):
+    """The run's TensorBoard scalars, every one kept (an EventAccumulator, reloaded; given one from an earlier
+    call, it reads only what was written since). A resumed run's event files are read together, and what its
+    earlier process wrote after the checkpoint it resumed from is left out, as TensorBoard leaves it out: without
+    the warning TensorBoard prints for each such purge."""
+    import logging
+
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    quiet = logging.getLogger("tensorboard")
+    purges = _PurgeWarnings()
+    quiet.addFilter(purges)
+    try:
+        events = events or EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+        events.Reload()
+    finally:
+        quiet.removeFilter(purges)
+    return events
+
+
+class _PurgeWarnings:
+    """A logging filter that drops TensorBoard's "Detected out of order event.step ..." (a resumed run)."""
+
+    def filter(self, record) -> bool:
+        return not str(record.msg).startswith("Detected out of order event.step")
+
+
+def read_evals(run_dir: Path, events=None) -> list[EvalPoint]:
+    """The evaluation rounds a run logged (eval/episode_return, eval/episode_return_std, eval/time_from_launch_s),
+    in order of env steps, a resumed run's as `load_events` reads them (`events`: its accumulator to go on with)."""
     if not any(run_dir.glob("events.out.tfevents.*")):
         raise PlotError(f"{run_dir} holds no TensorBoard events (is it a run folder, runs/<name>?)")
-    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
-    events.Reload()
+    events = load_events(run_dir, events)
     tags = set(events.Tags()["scalars"])
     wanted = ("eval/episode_return", "eval/episode_return_std", "eval/time_from_launch_s")
     if not set(wanted) <= tags:

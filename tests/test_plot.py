@@ -3,6 +3,7 @@ every run on it, and each run's time to a score."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import time
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
-from rl_dqn.plot import EvalPoint, first_reaching, read_evals, table
+from rl_dqn.plot import EvalPoint, first_reaching, load_events, read_evals, table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,6 +37,18 @@ def test_a_resumed_runs_curve_goes_on_from_its_checkpoint_without_what_the_lost_
     assert [p[:4] for p in points] == [(50_000, 70.0, -21.0, 0.0), (100_000, 140.0, -15.0, 2.0),
                                        (150_000, 215.0, -8.0, 3.0), (200_000, 280.0, 18.5, 1.0)]
     assert 0 < points[0].logged_at <= points[-1].logged_at <= time.time()
+
+
+def test_a_run_read_as_it_goes_reads_only_what_is_new_and_keeps_tensorboards_purge_warning_out(tmp_path, caplog):
+    run = tmp_path / "pong"
+    write_evals(run, [(50_000, 70.0, -21.0, 0.0), (100_000, 140.0, -15.0, 2.0), (150_000, 210.0, -5.0, 3.0)])
+    events = load_events(run)
+    assert [p.mean for p in read_evals(run, events)] == [-21.0, -15.0, -5.0]
+    write_evals(run, [(150_000, 215.0, -8.0, 3.0), (200_000, 280.0, 18.5, 1.0)], purge_step=120_000)
+    with caplog.at_level(logging.INFO, logger="tensorboard"):
+        assert [p.mean for p in read_evals(run, events)] == [-21.0, -15.0, -8.0, 18.5]
+        assert [p.mean for p in read_evals(run)] == [-21.0, -15.0, -8.0, 18.5]
+    assert not [r for r in caplog.records if "out of order" in r.getMessage()]
 
 
 def test_time_to_a_score_is_the_first_round_that_reached_it():
