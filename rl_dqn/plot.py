@@ -5,7 +5,8 @@
 Each run's evaluation score (the mean over its evaluation episodes, shaded one standard deviation of those episodes
 either side) against wall minutes from launch on the left and against env steps on the right, every run on the same
 two axes. The table gives each run's time and env steps to each `--scores` level (the first evaluation whose mean
-reached it, at the moment its round finished) and its last and best score.
+reached it, at the moment its round finished) and its last and best score. A round that stopped at its screen
+(eval.screen_episodes) is an open circle on the figure and marked * in the table.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class EvalPoint(NamedTuple):
     mean: float         # mean raw score of the round's episodes
     std: float          # their standard deviation
     logged_at: float = 0.0   # time.time() when the learner logged it (a resumed run's clock leaves out downtime)
+    screened: bool = False   # the round stopped at its screen: the mean of eval.screen_episodes episodes
 
 
 class PlotError(ValueError):
@@ -68,8 +70,19 @@ def read_evals(run_dir: Path, events=None) -> list[EvalPoint]:
         raise PlotError(f"{run_dir} has no evaluations with times (eval.every_env_steps=0, or no round finished)")
     columns = [{e.step: e for e in events.Scalars(tag)} for tag in wanted]
     steps = sorted(set(columns[0]) & set(columns[1]) & set(columns[2]))
+    episodes = {e.step: e.value for e in events.Scalars("eval/episodes")} if "eval/episodes" in tags else {}
+    whole = _round_episodes(run_dir)
     return [EvalPoint(step, columns[2][step].value, columns[0][step].value, columns[1][step].value,
-                      columns[2][step].wall_time) for step in steps]
+                      columns[2][step].wall_time, 0 < episodes.get(step, whole) < whole) for step in steps]
+
+
+def _round_episodes(run_dir: Path) -> int:
+    """eval.episodes of the run (its config.yaml), or 0 where that cannot be read."""
+    import yaml
+    try:
+        return int(yaml.safe_load((run_dir / "config.yaml").read_text())["eval"]["episodes"])
+    except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
+        return 0
 
 
 def first_reaching(points: list[EvalPoint], score: float) -> EvalPoint | None:
@@ -83,13 +96,17 @@ def table(runs: dict[str, list[EvalPoint]], scores: list[float]) -> str:
     rows = []
     for label, points in runs.items():
         reached = [first_reaching(points, s) for s in scores]
-        cells = [f"{duration(p.seconds)} ({p.env_steps / 1e3:,.0f}k)" if p is not None else "not reached"
-                 for p in reached]
+        cells = [f"{duration(p.seconds)} ({p.env_steps / 1e3:,.0f}k){'*' * p.screened}" if p is not None
+                 else "not reached" for p in reached]
         last = points[-1]
-        rows.append([label, str(len(points)), *cells, f"{last.mean:.1f} at {duration(last.seconds)}",
+        rows.append([label, str(len(points)), *cells,
+                     f"{last.mean:.1f}{'*' * last.screened} at {duration(last.seconds)}",
                      f"{max(p.mean for p in points):.1f}"])
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [head, *rows])
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [head, *rows]]
+    if any("*" in cell for row in rows for cell in row):
+        lines.append("* a round that stopped at its screen: the mean of its eval.screen_episodes episodes only")
+    return "\n".join(lines)
 
 
 def draw(runs: dict[str, list[EvalPoint]], out: Path, targets: list[float] = (), title: str = "") -> None:
@@ -104,14 +121,23 @@ def draw(runs: dict[str, list[EvalPoint]], out: Path, targets: list[float] = (),
         low = [p.mean - p.std for p in points]
         high = [p.mean + p.std for p in points]
         for axes, x in ((by_time, [p.seconds / 60 for p in points]), (by_steps, [p.env_steps / 1e6 for p in points])):
-            (line,) = axes.plot(x, mean, marker=".", label=label)
+            (line,) = axes.plot(x, mean, label=label)
             axes.fill_between(x, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
+            for screened in (False, True):   # rounds that stopped at their screen: open circles
+                chosen = [(xi, m) for xi, m, p in zip(x, mean, points) if p.screened == screened]
+                if chosen:
+                    axes.plot(*zip(*chosen), linestyle="none", marker="o" if screened else ".",
+                              markersize=4 if screened else 6, color=line.get_color(),
+                              markerfacecolor="none" if screened else line.get_color())
     for axes, xlabel in ((by_time, "wall minutes from launch"), (by_steps, "env steps (millions)")):
         for target in targets:
             axes.axhline(target, color="grey", linestyle="--", linewidth=0.8)
         axes.set_xlabel(xlabel)
         axes.grid(alpha=0.3)
     by_time.set_ylabel("evaluation score (mean, +- std of episodes)")
+    if any(p.screened for points in runs.values() for p in points):
+        by_steps.annotate("o: a round that stopped at its screen (fewer episodes)", (0.01, 0.01),
+                          xycoords="axes fraction", fontsize="x-small", color="grey")
     by_time.legend(fontsize="small", loc="lower right")
     if title:
         figure.suptitle(title)

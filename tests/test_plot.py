@@ -61,6 +61,23 @@ def test_time_to_a_score_is_the_first_round_that_reached_it():
     assert "2m20s (100k)" in text and "4m41s (200k)" in text and "not reached" in text and "19.0 at 4m41s" in text
 
 
+def test_rounds_that_stopped_at_their_screen_are_marked_in_the_table(tmp_path):
+    run = tmp_path / "pong"
+    write_evals(run, [(50_000, 70.0, -21.0, 0.0), (100_000, 140.0, 12.0, 2.0), (150_000, 210.0, 18.5, 1.0)])
+    writer = SummaryWriter(str(run))
+    for steps, episodes in [(50_000, 5), (100_000, 5), (150_000, 20)]:
+        writer.add_scalar("eval/episodes", episodes, steps)
+    writer.close()
+    (run / "config.yaml").write_text("eval:\n  episodes: 20\n  screen_episodes: 5\n")
+    points = read_evals(run)
+    assert [p.screened for p in points] == [True, True, False]
+    lines = table({"pong": points}, [10.0, 18.0]).splitlines()
+    assert "2m20s (100k)*" in lines[1] and "3m30s (150k)" in lines[1] and "(150k)*" not in lines[1]
+    assert lines[-1].startswith("* a round that stopped at its screen")
+    (run / "config.yaml").unlink()   # without the run's config nothing is marked
+    assert not any(p.screened for p in read_evals(run))
+
+
 def test_the_plot_command_draws_every_run_into_a_png_and_prints_their_times(tmp_path):
     write_evals(tmp_path / "s1", [(50_000, 60.0, -20.0, 1.0), (100_000, 125.0, 18.2, 2.0)])
     write_evals(tmp_path / "s2", [(50_000, 62.0, -19.0, 1.0), (100_000, 130.0, 5.0, 4.0), (150_000, 200.0, 19.5, 1.0)])
