@@ -84,7 +84,11 @@ def test_a_network_for_acting_stores_bfloat16_weights_and_gives_the_same_q_value
         assert {p.dtype for layer in hidden for p in layer.parameters()} == {torch.bfloat16}
         assert acting.head.weight.dtype == torch.float32
         with torch.no_grad():
-            assert torch.equal(acting(obs), trained(obs))
+            # The same values up to the order of bfloat16 sums: oneDNN may pick another convolution algorithm for
+            # the acting network's plain layout than for the trained one's channels-last (it does on CPUs that
+            # compute bfloat16 natively), so the last bit of Q can differ; other weights would differ by ~Q itself.
+            want = trained(obs)
+            torch.testing.assert_close(acting(obs), want, rtol=0, atol=0.02 * want.abs().max().item())
 
 
 def test_the_torsos_are_the_papers_layers():
