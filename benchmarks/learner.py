@@ -3,8 +3,8 @@
     python benchmarks/learner.py [--seconds 10] [--batches 32,256,512] [--devices cpu,cuda] [--replay 200000]
                                  [--overlap on,off] [--only NIPS]
 
-For each device present (CPU, and the GPU when there is one), each batch size and each of: uniform 3-step replay
-with the NIPS torso (configs/pong_cpu.yaml), uniform 1-step replay (configs/pong.yaml) and prioritized 3-step
+For each device present (CPU, and the GPU when there is one), each batch size and each of: prioritized 10-step
+replay with the NIPS torso (configs/pong_cpu.yaml), uniform 1-step replay (configs/pong.yaml) and prioritized 3-step
 replay with a dueling network (configs/pong_apex.yaml), the last two with the Nature torso, each with the network
 in float32 and in bfloat16, it fills a replay of Pong-shaped frames on that device and times
 Learner.step() (sample, Double DQN update, new priorities) and replay.sample() alone, with the next batch prepared
@@ -36,8 +36,8 @@ from rl_dqn.types import Chunk  # noqa: E402
 
 SPEC = EnvSpec(obs_shape=(4, 84, 84), obs_dtype=torch.uint8, num_actions=6)
 SETUPS = {
-    "NIPS, uniform, 3-step, fp32": ("pong_cpu.yaml", ["network.precision=fp32"]),
-    "NIPS, uniform, 3-step, bf16": ("pong_cpu.yaml", ["network.precision=bf16"]),
+    "NIPS, PER, 10-step, fp32": ("pong_cpu.yaml", ["network.precision=fp32"]),
+    "NIPS, PER, 10-step, bf16": ("pong_cpu.yaml", ["network.precision=bf16"]),
     "uniform, 1-step, fp32": ("pong.yaml", ["network.precision=fp32"]),
     "uniform, 1-step, bf16": ("pong.yaml", ["network.precision=bf16"]),
     "PER, 3-step, dueling, fp32": ("pong_apex.yaml", ["network.precision=fp32"]),
