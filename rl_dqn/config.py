@@ -201,7 +201,11 @@ class TrainConfig:
     priority_alpha: float = 0.6
     """prioritized replay: a transition is drawn in proportion to (|TD error| + priority_eps)^priority_alpha"""
     priority_beta: float = 0.4
-    """prioritized replay: importance-sampling exponent when learning starts, annealed linearly to 1 at the end"""
+    """prioritized replay: importance-sampling exponent when learning starts, annealed linearly to 1 at
+    priority_beta_env_steps"""
+    priority_beta_env_steps: int = 0
+    """prioritized replay: env steps at which the importance-sampling exponent reaches 1 (0 = train.total_env_steps,
+    the end of the run), so that a run's length need not set how fast it anneals"""
     priority_eps: float = 1e-6
     """prioritized replay: added to |TD error| so that no transition becomes undrawable"""
     initial_priority: Literal["max", "collectors"] = "max"
@@ -226,6 +230,9 @@ class TrainConfig:
         _require(self.priority_alpha >= 0.0, "train.priority_alpha", f"must be >= 0, got {self.priority_alpha}")
         _require(0.0 <= self.priority_beta <= 1.0, "train.priority_beta",
                  f"must be in [0, 1], got {self.priority_beta}")
+        _require(self.priority_beta_env_steps == 0 or self.priority_beta_env_steps > self.learning_starts,
+                 "train.priority_beta_env_steps", f"must be 0 (train.total_env_steps) or > train.learning_starts "
+                 f"({self.learning_starts}), got {self.priority_beta_env_steps}")
         _require(self.priority_eps > 0.0, "train.priority_eps", f"must be > 0, got {self.priority_eps}")
 
 

@@ -48,8 +48,8 @@ def td_loss(q_taken: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor 
     return (loss if weights is None else loss * weights).mean()
 
 
-def beta_schedule(env_steps: int, start: float, learning_starts: int, total_env_steps: int) -> float:
+def beta_schedule(env_steps: int, start: float, learning_starts: int, end_env_steps: int) -> float:
     """Prioritized replay's importance-sampling exponent, annealed linearly from `start` when learning starts to
-    1 at the end of the run."""
-    fraction = (env_steps - learning_starts) / max(total_env_steps - learning_starts, 1)
+    1 at `end_env_steps`."""
+    fraction = (env_steps - learning_starts) / max(end_env_steps - learning_starts, 1)
     return start + min(max(fraction, 0.0), 1.0) * (1.0 - start)

@@ -101,7 +101,8 @@ class Trainer:
     def _prepare_batch(self) -> tuple:
         """A batch, its next observations scaled for the networks, and the target network's values of them."""
         t = self.cfg.train
-        beta = dqn.beta_schedule(self._env_steps, t.priority_beta, t.learning_starts, t.total_env_steps)
+        beta = dqn.beta_schedule(self._env_steps, t.priority_beta, t.learning_starts,
+                                 t.priority_beta_env_steps or t.total_env_steps)
         batch = self.replay.sample(t.batch_size, self.generator, beta)
         with torch.no_grad():
             next_inputs = self.target.inputs(batch.next_obs)        # scaled once for both networks

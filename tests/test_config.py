@@ -75,6 +75,7 @@ def test_overrides_convert_like_a_person_means_them(tmp_path):
     ("transport.tensorpipe_channels=[cuda_ipc]", "transport.tensorpipe_channels", "at least one of cma, mpt_uv, basic"),
     ("transport.tensorpipe_channels=[basic, carrier_pigeon]", "transport.tensorpipe_channels", "cuda_gdr"),
     ("eval.max_episode_frames=2", "eval.max_episode_frames", "0 or >= env.frame_skip (4)"),
+    ("train.priority_beta_env_steps=500", "train.priority_beta_env_steps", "0 (train.total_env_steps) or > train"),
 ])
 def test_bad_values_name_their_key(override, key, allowed):
     with pytest.raises(ConfigError) as error:

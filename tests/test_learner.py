@@ -128,6 +128,20 @@ def test_target_network_follows_every_target_update_updates(tmp_path):
     assert all(torch.equal(online[k], learner.trainer.target.state_dict()[k]) for k in online)
 
 
+@pytest.mark.parametrize("overrides, beta", [
+    (["train.total_env_steps=288"], 0.4 + 0.6 * (120 - 64) / (288 - 64)),        # 1 at the end of the run
+    (["train.total_env_steps=288", "train.priority_beta_env_steps=176"], 0.4 + 0.6 * (120 - 64) / (176 - 64)),
+])
+def test_prioritized_replay_anneals_beta_to_one_at_priority_beta_env_steps(tmp_path, monkeypatch, overrides, beta):
+    learner = make_learner(tmp_path, "train.priority_beta=0.4", *overrides)
+    drawn, sample = [], learner.trainer.replay.sample
+    monkeypatch.setattr(learner.trainer.replay, "sample", lambda n, gen, b: drawn.append(b) or sample(n, gen, b))
+    learner.ingest(chain_chunk(0, 0, episodes=10))
+    learner.ingest(chain_chunk(1, 0, episodes=10))     # 120 env steps, 56 past train.learning_starts
+    learner.step()
+    assert drawn and drawn == pytest.approx([beta] * len(drawn))
+
+
 def test_preparing_the_next_batch_beside_training_changes_no_update(tmp_path):
     """learner.overlap draws the same batches from the same generator and computes the same targets as one thread
     does: across target refreshes (every 20 updates here), with prioritized replay whose priorities from each
