@@ -1,5 +1,3 @@
-import sys
+from rl_dqn.cli import exit_process, main
 
-from rl_dqn.cli import main
-
-sys.exit(main())
+exit_process(main())

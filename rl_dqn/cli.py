@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import NoReturn
 
 from rl_dqn.config import Config, ConfigError, load_config, save_config
 from rl_dqn.console import OneLineParser
@@ -59,6 +60,18 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"rl_dqn: config error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+
+
+def exit_process(code: int) -> NoReturn:
+    """Ends the process with `code`, as `python -m rl_dqn` does. A role that gave up joining or starting a run
+    leaves a thread blocked in C++ (rl_dqn.transport.rpc.stranded()): that process ends at once, its console
+    flushed, without the interpreter's finalization, which could abort it under that thread."""
+    rpc = sys.modules.get("rl_dqn.transport.rpc")   # imported only by roles that joined, or tried to
+    if rpc is not None and rpc.stranded():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 def _from_environment(cfg: Config, args, environ: dict[str, str]) -> Config:

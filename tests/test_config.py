@@ -191,13 +191,19 @@ def test_unwritable_runs_folder_is_refused_before_starting(tmp_path):
     assert result.stderr.startswith("rl_dqn: config error: run.name: cannot write the run folder")
 
 
-def test_a_collector_gives_up_joining_at_its_deadline():
+@pytest.mark.parametrize("timeout_s", [3, 1])
+def test_a_collector_gives_up_joining_at_its_deadline(timeout_s):
+    """With one line, and exit code 1: the store's connect, still blocked when the process gives up, neither logs a
+    C++ trace nor aborts the process as it exits (it did, with exit -6, in 6 of 15 tries on a busy machine)."""
     port = free_port()
     started = time.monotonic()
     result = _cli("collector", "configs/smoke.yaml", f"cluster.init_method=tcp://127.0.0.1:{port}",
-                  "cluster.world_size=3", "cluster.rank=1", "cluster.join_timeout_s=3", "cluster.interface=lo")
-    assert result.returncode == 1
-    assert f"joining the run at 127.0.0.1:{port} as collector0" in result.stderr and "3 s" in result.stderr
+                  "cluster.world_size=3", "cluster.rank=1", f"cluster.join_timeout_s={timeout_s}",
+                  "cluster.interface=lo")
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert result.stderr.strip() == (
+        f"[collector0] error: gave up joining the run at 127.0.0.1:{port} as collector0 after "
+        f"cluster.join_timeout_s={timeout_s} s: no learner's store answered: is the learner running, at this address?")
     assert time.monotonic() - started < 30
 
 

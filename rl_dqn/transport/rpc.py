@@ -38,6 +38,7 @@ from rl_dqn.transport.endpoints import Change, Membership, Standing
 from rl_dqn.types import Ack, Chunk, Weights
 
 QUIET_S = 5.0          # a peer not heard from for this long is pinged
+JOIN_GRACE_S = 30.0    # how much longer than cluster.join_timeout_s a joining collector's store waits to connect
 
 
 class TransportError(RuntimeError):
@@ -133,8 +134,8 @@ def _in_thread(work, stop: threading.Event, timeout_s: float, what: str, stage: 
     """Runs `work()` on a thread while this one waits for it with a deadline and the stop event. `stage`, which
     `work` appends to as it goes, says on a timeout where it stood.
 
-    Opening the store and init_rpc block in C++, where no signal handler runs; a process that gives up exits with
-    the thread still blocked, which is harmless because nothing has started yet."""
+    Opening the store and init_rpc block in C++, where no signal handler runs; a process that gives up leaves the
+    thread blocked there, and must then end without finalizing the interpreter (see stranded())."""
     done, result, failure = threading.Event(), [], []
 
     def run() -> None:
@@ -151,13 +152,26 @@ def _in_thread(work, stop: threading.Event, timeout_s: float, what: str, stage: 
     deadline = time.monotonic() + timeout_s
     while not done.wait(0.2):
         if stop.is_set():
+            _stranded.set()
             raise TransportError(f"stopped while {what}")
         if time.monotonic() > deadline:
+            _stranded.set()
             where = stage[-1] if stage else "is the learner running, at this address?"
             raise TransportError(f"gave up {what} after cluster.join_timeout_s={timeout_s:g} s: {where}")
     if failure:
         raise TransportError(f"failed {what}: {_reason(failure[0])}")
     return result[0]
+
+
+_stranded = threading.Event()   # set when _in_thread() gave up on a thread still blocked in C++
+
+
+def stranded() -> bool:
+    """Whether this process gave up joining (or starting) a run while a thread was still blocked in the store's or
+    TensorPipe's C++ code. Finalizing the interpreter under that thread can abort the process ("terminate called
+    without an active exception", exit -6, in 6 of 15 tries on a busy 2-core machine) after its one-line error:
+    such a process ends with os._exit() instead (see rl_dqn.cli.exit_process)."""
+    return _stranded.is_set()
 
 
 def _leave() -> None:
@@ -487,7 +501,9 @@ class CollectorTransport:
         stage = ["no learner's store answered: is the learner running, at this address?"]
 
         def join() -> tuple[membership.Admission, tuple[Weights, int] | None]:
-            store = membership.open_store(host, port, listen_on=None, timeout_s=timeout,
+            # The store's own connect timeout outlasts the join's deadline: the process gives up at that deadline
+            # with one line, before the store logs a C++ trace of its own timeout.
+            store = membership.open_store(host, port, listen_on=None, timeout_s=timeout + JOIN_GRACE_S,
                                           prefix=membership.torchrun_prefix(dict(os.environ)))
             stage.append("the learner's store answered, but the learner admitted no process into this slot")
             admission = membership.ask_admission(store, index, timeout, stop)
