@@ -38,7 +38,8 @@ from rl_dqn.transport.endpoints import Change, Membership, Standing
 from rl_dqn.types import Ack, Chunk, Weights
 
 QUIET_S = 5.0          # a peer not heard from for this long is pinged
-JOIN_GRACE_S = 30.0    # how much longer than cluster.join_timeout_s a joining collector's store waits to connect
+JOIN_GRACE_S = 30.0    # a joining collector's store is opened with cluster.join_timeout_s plus this
+_stranded = threading.Event()   # set when _in_thread() gave up on a thread still blocked in C++
 
 
 class TransportError(RuntimeError):
@@ -150,27 +151,26 @@ def _in_thread(work, stop: threading.Event, timeout_s: float, what: str, stage: 
 
     threading.Thread(target=run, name="rpc-join", daemon=True).start()
     deadline = time.monotonic() + timeout_s
-    while not done.wait(0.2):
-        if stop.is_set():
+    try:
+        while not done.wait(0.2):
+            if stop.is_set():
+                raise TransportError(f"stopped while {what}")
+            if time.monotonic() > deadline:
+                where = stage[-1] if stage else "is the learner running, at this address?"
+                raise TransportError(f"gave up {what} after cluster.join_timeout_s={timeout_s:g} s: {where}")
+    finally:
+        if not done.is_set():
             _stranded.set()
-            raise TransportError(f"stopped while {what}")
-        if time.monotonic() > deadline:
-            _stranded.set()
-            where = stage[-1] if stage else "is the learner running, at this address?"
-            raise TransportError(f"gave up {what} after cluster.join_timeout_s={timeout_s:g} s: {where}")
     if failure:
         raise TransportError(f"failed {what}: {_reason(failure[0])}")
     return result[0]
 
 
-_stranded = threading.Event()   # set when _in_thread() gave up on a thread still blocked in C++
-
-
 def stranded() -> bool:
     """Whether this process gave up joining (or starting) a run while a thread was still blocked in the store's or
     TensorPipe's C++ code. Finalizing the interpreter under that thread can abort the process ("terminate called
-    without an active exception", exit -6, in 6 of 15 tries on a busy 2-core machine) after its one-line error:
-    such a process ends with os._exit() instead (see rl_dqn.cli.exit_process)."""
+    without an active exception") after its one-line error: such a process ends with os._exit() instead (see
+    rl_dqn.cli.exit_process)."""
     return _stranded.is_set()
 
 
