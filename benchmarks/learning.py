@@ -73,7 +73,14 @@ def run_one(config: str, seed: int, name: str, overrides: list[str], limit_s: fl
             process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
             try:
                 while process.poll() is None and time.time() - launched < limit_s:
-                    time.sleep(min(POLL_S, max(limit_s - (time.time() - launched), 0.1)))
+                    # Wakes for the next kill that is due, and as soon as the run exits.
+                    wake = min([limit_s, *(at for at in due.values() if at is not None)]) - (time.time() - launched)
+                    try:
+                        process.wait(timeout=min(POLL_S, max(wake, 0.1)))
+                    except subprocess.TimeoutExpired:
+                        pass
+                    if process.poll() is not None:
+                        break
                     for role, at in due.items():
                         if at is not None and time.time() - launched >= at:
                             due[role] = None

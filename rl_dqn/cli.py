@@ -290,7 +290,9 @@ def _learner(cfg: Config, args) -> int:
     except TransportError as e:
         learner.close()
         return _role_error("learner", str(e))
-    for line in learner.closing_lines("stopped on a signal" if stop.is_set() else "done"):
+    how = "stopped on a signal" if stop.is_set() else \
+        "reached eval.stop_score" if learner.reached_stop_score else "done"
+    for line in learner.closing_lines(how):
         print(f"[learner] {line}", flush=True)
     return 0
 

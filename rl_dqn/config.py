@@ -371,6 +371,9 @@ class EvalConfig:
     5 minutes of play of Nature DQN's evaluation; Atari); 0 = env.max_episode_frames"""
     torch_threads: int = 1
     """torch intra-op threads of the evaluation process"""
+    stop_score: float | None = None
+    """the run ends (final checkpoint and summary, as at train.total_env_steps) after the first evaluation round whose
+    mean score reaches this, e.g. 475 for CartPole-v1 or 18 for Pong; null = it runs to train.total_env_steps"""
     video: bool = False
     """each evaluation also records its first episode's game screen to TensorBoard (`eval/video`, an animated GIF
     in the Images tab; Atari only)"""
@@ -388,6 +391,8 @@ class EvalConfig:
                  f"must be >= 0, got {self.max_episode_frames}")
         _require(0.0 <= self.epsilon <= 1.0, "eval.epsilon", f"must be in [0, 1], got {self.epsilon}")
         _require(self.torch_threads >= 1, "eval.torch_threads", f"must be >= 1, got {self.torch_threads}")
+        _require(self.stop_score is None or self.every_env_steps > 0, "eval.stop_score",
+                 "ends the run on an evaluation, so it needs eval.every_env_steps > 0 (or eval.stop_score: null)")
 
 
 @dataclass(frozen=True)
@@ -554,6 +559,8 @@ def _convert(key: str, value: Any, tp: Any) -> Any:
         (item_tp, _) = typing.get_args(tp)
         _require(isinstance(value, (list, tuple)), key, f"must be a list, got {value!r}")
         return tuple(_convert(key, v, item_tp) for v in value)
+    if typing.get_args(tp) == (float, type(None)):
+        return None if value is None else _convert(key, value, float)
     if tp is bool:
         _require(isinstance(value, bool), key, f"must be true or false, got {value!r}")
         return value
@@ -684,6 +691,8 @@ def reference_markdown() -> str:
 
 def _shown(value: Any) -> str:
     """A default as one would type it in YAML."""
+    if value is None:
+        return "null"
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, list):

@@ -64,6 +64,7 @@ class Learner:
         self.evaluator: Evaluator | None = None
         self.next_eval = cfg.eval.every_env_steps
         self.eval_state: dict[str, torch.Tensor] | None = None   # the weights the evaluator is playing
+        self.reached_stop_score = False   # an evaluation reached eval.stop_score: the run ends
         self._closed = False
 
     def counters(self) -> Counters:
@@ -76,7 +77,8 @@ class Learner:
     # ------------------------------------------------------------------------------------------- the loop
 
     def run(self, transport: LearnerEndpoint) -> None:
-        """Trains until the collectors together reach train.total_env_steps, or until asked to stop. Collectors
+        """Trains until the collectors together reach train.total_env_steps, an evaluation reaches eval.stop_score,
+        or until asked to stop. Collectors
         may die, hang, leave and join at any time; the run ends with an error only when none has been alive for
         cluster.join_timeout_s."""
         self.transport = transport
@@ -90,7 +92,7 @@ class Learner:
         total = self.cfg.train.total_env_steps
         last_log = alone_since = time.monotonic()
         try:
-            while not self.stop.is_set() and intake.env_steps < total:
+            while not self.stop.is_set() and not self.reached_stop_score and intake.env_steps < total:
                 deliveries = transport.receive(timeout=0 if intake.wants_update(trainer.updates) else 0.05)
                 now = time.monotonic()
                 for delivery in deliveries:
@@ -120,7 +122,7 @@ class Learner:
                     self.log()
             # The collectors have reached the total and wait for answers that stay withheld: train what the replay
             # ratio still asks for, so that a run of N env steps gets the same updates on any hardware.
-            while not self.stop.is_set() and intake.wants_update(trainer.updates):
+            while not self.stop.is_set() and not self.reached_stop_score and intake.wants_update(trainer.updates):
                 self._train_one()
         finally:
             self.close()
@@ -190,7 +192,8 @@ class Learner:
                 self.next_eval = env_steps + self.cfg.eval.every_env_steps
         except RuntimeError as e:
             say("learner", f"evaluation stopped, training goes on: {e}")
-            self.cfg = dataclasses.replace(self.cfg, eval=dataclasses.replace(self.cfg.eval, every_env_steps=0))
+            self.cfg = dataclasses.replace(self.cfg, eval=dataclasses.replace(self.cfg.eval, every_env_steps=0,
+                                                                                     stop_score=None))
             self.close_evaluator()
 
     def _evaluated(self, result: EvalResult) -> None:
@@ -203,6 +206,11 @@ class Learner:
                 "network": self.eval_state,
                 "eval": {"mean": mean, "std": std, "episodes": len(result.scores), "env_steps": result.env_steps,
                          "weights_version": result.weights_version}} | self._identity())
+        stop_score = self.cfg.eval.stop_score
+        if stop_score is not None and mean >= stop_score:
+            self.reached_stop_score = True
+            say("learner", f"eval {mean:.2f} at {result.env_steps:,} env steps reached eval.stop_score={stop_score:g}: "
+                           f"the run ends here")
 
     def close_evaluator(self) -> None:
         if self.evaluator is not None:

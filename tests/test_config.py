@@ -46,6 +46,9 @@ def test_overrides_convert_like_a_person_means_them(tmp_path):
     assert cfg.train.lr == pytest.approx(1e-4) and cfg.train.total_env_steps == 2_000_000
     assert cfg.train.gamma == 0.5 and cfg.run.name == "007"
     assert cfg.transport.tensorpipe_transports == ("uv", "shm") and cfg.env.terminal_on_life_loss is False
+    # A number, or null for none.
+    assert load_config(path, ["eval.every_env_steps=100", "eval.stop_score=18"]).eval.stop_score == 18.0
+    assert load_config(path, ["eval.every_env_steps=100", "eval.stop_score=null"]).eval.stop_score is None
 
 
 @pytest.mark.parametrize("override, key, allowed", [
@@ -76,12 +79,19 @@ def test_overrides_convert_like_a_person_means_them(tmp_path):
     ("transport.tensorpipe_channels=[basic, carrier_pigeon]", "transport.tensorpipe_channels", "cuda_gdr"),
     ("eval.max_episode_frames=2", "eval.max_episode_frames", "0 or >= env.frame_skip (4)"),
     ("train.priority_beta_env_steps=500", "train.priority_beta_env_steps", "0 (train.total_env_steps) or > train"),
+    ("eval.stop_score=high", "eval.stop_score", "must be a number"),
 ])
 def test_bad_values_name_their_key(override, key, allowed):
     with pytest.raises(ConfigError) as error:
         load_config(ROOT / "configs/smoke.yaml", [override])
     assert error.value.key == key
     assert str(error.value).startswith(f"{key}: ") and allowed in str(error.value)
+
+
+def test_a_stop_score_without_evaluations_is_refused():
+    with pytest.raises(ConfigError) as error:
+        load_config(ROOT / "configs/cartpole.yaml", ["eval.every_env_steps=0", "eval.stop_score=475"])
+    assert error.value.key == "eval.stop_score" and "needs eval.every_env_steps > 0" in str(error.value)
 
 
 def test_resolved_config_round_trips(tmp_path):

@@ -12,7 +12,7 @@ import torch
 
 from envs import EnvSpec
 from rl_dqn.config import load_config
-from rl_dqn.evaluate import load_player
+from rl_dqn.evaluate import EvalResult, load_player
 from rl_dqn.learner import Learner
 from rl_dqn.trainer import torch_threads
 from rl_dqn.types import Chunk
@@ -265,3 +265,13 @@ def test_the_best_evaluated_network_is_kept_with_its_score(tmp_path):
     assert len({tuple(v.flatten()[:4].tolist()) for p in played for v in [p["head.weight"]]}) == 3
     cfg, network = load_player(tmp_path / "checkpoints/best.pt")   # play.sh can play it
     assert cfg.env.id == "CartPole-v1" and network.head.out_features == 2
+
+
+def test_the_first_evaluation_that_reaches_eval_stop_score_ends_the_run(tmp_path, capsys):
+    learner = make_learner(tmp_path, "eval.every_env_steps=60", "eval.stop_score=20")
+    for env_steps, scores in [(60, [10.0, 20.0]), (120, [19.0, 20.0])]:
+        learner._evaluated(EvalResult(env_steps, 1.0, 0, scores, None, 0.1, 0.1))
+        assert not learner.reached_stop_score                         # 15, then 19.5: below 20
+    learner._evaluated(EvalResult(180, 2.0, 0, [19.0, 21.0], None, 0.1, 0.1))
+    assert learner.reached_stop_score                                 # 20: the loop in run() ends
+    assert "eval 20.00 at 180 env steps reached eval.stop_score=20: the run ends here" in capsys.readouterr().out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -33,4 +34,9 @@ def test_cartpole_reaches_195_within_5_minutes(tmp_path, monkeypatch):
     print(f"CartPole: mean greedy return {mean:.1f} over 20 episodes (best.pt), {sum(newest) / 20:.1f} (newest "
           f"checkpoint), {elapsed:.0f} s from launch to evaluation")
     assert len(best) == 20 and mean >= 195, best
+    # configs/cartpole.yaml ends the run at its first evaluation of 475 or more (eval.stop_score), if it had one.
+    summary = json.loads((tmp_path / "learn/summary.json").read_text())
+    reached = summary["best_eval_return"] >= 475
+    assert ("[learner] reached eval.stop_score after" in result.stdout) == reached, result.stdout[-3000:]
+    assert (summary["env_steps"] < 100_000) == reached, summary["env_steps"]
     assert elapsed < 300

@@ -19,8 +19,8 @@ def test_the_learning_benchmark_kills_resumes_and_reports_time_to_a_score(tmp_pa
     env = dict(os.environ, RL_DQN_RUNS_DIR=str(tmp_path), RL_DQN_PYTHON=sys.executable)
     result = subprocess.run(
         [sys.executable, "benchmarks/learning.py", "configs/smoke.yaml", "--prefix", "bench", "--minutes", "3",
-         "--kill-collector-at", "0.3", "--kill-learner-at", "0.55", "--downtime", "2", "--scores", "-30",
-         "train.total_env_steps=16000", "learner.checkpoint_every_updates=20", "eval.video=false"],
+         "--kill-collector-at", "0.25", "--kill-learner-at", "0.45", "--downtime", "2", "--scores", "-30",
+         "train.total_env_steps=12000", "learner.checkpoint_every_updates=20", "eval.video=false"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     out = result.stdout
     assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
