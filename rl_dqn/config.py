@@ -373,7 +373,8 @@ class EvalConfig:
     """torch intra-op threads of the evaluation process"""
     stop_score: float | None = None
     """the run ends (final checkpoint and summary, as at train.total_env_steps) after the first evaluation round whose
-    mean score reaches this, e.g. 475 for CartPole-v1 or 18 for Pong; null = it runs to train.total_env_steps"""
+    mean score reaches this, e.g. 475 for CartPole-v1 or 18 for Pong; null, or no evaluations (eval.every_env_steps 0)
+    = it runs to train.total_env_steps"""
     video: bool = False
     """each evaluation also records its first episode's game screen to TensorBoard (`eval/video`, an animated GIF
     in the Images tab; Atari only)"""
@@ -391,8 +392,6 @@ class EvalConfig:
                  f"must be >= 0, got {self.max_episode_frames}")
         _require(0.0 <= self.epsilon <= 1.0, "eval.epsilon", f"must be in [0, 1], got {self.epsilon}")
         _require(self.torch_threads >= 1, "eval.torch_threads", f"must be >= 1, got {self.torch_threads}")
-        _require(self.stop_score is None or self.every_env_steps > 0, "eval.stop_score",
-                 "ends the run on an evaluation, so it needs eval.every_env_steps > 0 (or eval.stop_score: null)")
 
 
 @dataclass(frozen=True)

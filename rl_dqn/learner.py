@@ -192,8 +192,7 @@ class Learner:
                 self.next_eval = env_steps + self.cfg.eval.every_env_steps
         except RuntimeError as e:
             say("learner", f"evaluation stopped, training goes on: {e}")
-            self.cfg = dataclasses.replace(self.cfg, eval=dataclasses.replace(self.cfg.eval, every_env_steps=0,
-                                                                                     stop_score=None))
+            self.cfg = dataclasses.replace(self.cfg, eval=dataclasses.replace(self.cfg.eval, every_env_steps=0))
             self.close_evaluator()
 
     def _evaluated(self, result: EvalResult) -> None:
