@@ -140,7 +140,7 @@ def two_nodes(run: str, *extra: str) -> tuple[list[str], int]:
 def test_learner_death_then_resume_continues_the_run(runs):
     """kill -9 the learner of a two-node run: its collectors notice and exit cleanly within 30 s. Started again with
     run.resume=true, the learner continues from its last checkpoint: counters, replay and curves go on."""
-    cluster, _ = two_nodes("resume", "learner.checkpoint_every_updates=40", "train.total_env_steps=12000",
+    cluster, _ = two_nodes("resume", "learner.checkpoint_every_updates=40", "train.total_env_steps=6000",
                            "metrics.interval_s=1", "eval.every_env_steps=0")
     learner = Console(launch("learner.sh", "configs/smoke.yaml", *cluster))
     collectors = Console(launch("collector.sh", "configs/smoke.yaml", *cluster, "cluster.rank=1"))
