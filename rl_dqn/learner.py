@@ -78,9 +78,8 @@ class Learner:
 
     def run(self, transport: LearnerEndpoint) -> None:
         """Trains until the collectors together reach train.total_env_steps, an evaluation reaches eval.stop_score,
-        or until asked to stop. Collectors
-        may die, hang, leave and join at any time; the run ends with an error only when none has been alive for
-        cluster.join_timeout_s."""
+        or until asked to stop. Collectors may die, hang, leave and join at any time; the run ends with an error only
+        when none has been alive for cluster.join_timeout_s."""
         self.transport = transport
         intake, trainer = self.intake, self.trainer
         precision, warning = describe_precision(self.cfg.network.precision, self.device)
