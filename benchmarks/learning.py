@@ -13,8 +13,10 @@ the first evaluation round whose mean score reached it, so start-up and evaluati
 Where the time went, for each run (from its summary.json and TensorBoard events): start-up (launch to the first
 chunk in replay, and to the first update), the share of wall time the learner spent in updates, the CPU use of the
 learner and of the collectors (mean of system/*/cpu_percent, 100 = one core) and of the evaluator (its rounds' CPU
-seconds over the run's wall time), and the evaluation rounds' wall seconds. Nothing else should run on the machine
-meanwhile: on a small machine another job's CPU comes out of the run's time.
+seconds over the run's wall time), and the evaluation rounds' wall seconds. Of a resumed run, start-up, the learner's
+share and the evaluator's figures are its last process's, from that process's launch; the CPU use of the learner and
+collectors, from TensorBoard, is the whole run's. Nothing else should run on the machine meanwhile: on a small
+machine another job's CPU comes out of the run's time.
 
 Faults while it learns: `--kill-collector-at` SIGKILLs collector0 (its node's launcher starts a new process in its
 slot), `--kill-learner-at` SIGKILLs the learner (its node stops), and `--downtime` seconds later the run is launched
@@ -143,11 +145,15 @@ class Progress:
 
 
 def where_time_went(run_dir: Path) -> str:
-    """One line: start-up, the learner's share of time in updates, CPU by role, evaluation."""
+    """One line: start-up, the learner's share of time in updates, CPU by role, evaluation (see the module's doc for
+    a resumed run)."""
     summary = json.loads((run_dir / "summary.json").read_text())
-    wall = summary["wall_s"]
+    resumed = summary.get("resumed_at_s", 0.0)
+    wall = summary["wall_s"] - resumed
     cpu = _cpu_by_role(run_dir)
-    parts = [f"first chunk {_s(summary['first_data_s'])}, first update {_s(summary['training_start_s'])}",
+    after = f" after resuming at {duration(resumed)} on the run's clock" if resumed else ""
+    parts = [f"first chunk {_s(summary['first_data_s'], resumed)}, first update "
+             f"{_s(summary['training_start_s'], resumed)}{after}",
              f"{summary['env_steps']:,} env steps at {summary['env_steps_per_s_training'] or 0:,.0f}/s "
              f"and {summary.get('updates_per_s_training') or 0:,.1f} updates/s while training",
              f"learner updating {100 * summary['updating_s'] / wall:.0f}% of the time",
@@ -158,8 +164,8 @@ def where_time_went(run_dir: Path) -> str:
     return "; ".join(parts)
 
 
-def _s(value: float | None) -> str:
-    return "never" if value is None else f"{value:.1f} s"
+def _s(value: float | None, since: float = 0.0) -> str:
+    return "never" if value is None else f"{value - since:.1f} s"
 
 
 def _cpu_by_role(run_dir: Path) -> dict[str, float]:

@@ -64,6 +64,7 @@ class Report:
         self._training_start: tuple[float, int, int] | None = None   # (when, env steps, updates)
         self._finished: float | None = None   # when the run stopped taking data and training (before the final save)
         self._eval_rounds, self._eval_round_s, self._eval_cpu_s = 0, 0.0, 0.0
+        self._resumed_at_s = 0.0   # the run's clock when this process took it over from a checkpoint
         self._system = SystemMeter(device, gpu_utilization=True)
 
     def elapsed(self) -> float:
@@ -72,6 +73,7 @@ class Report:
 
     def resume_at(self, env_steps: int, elapsed_s: float, best_eval: float | None) -> None:
         self.started -= elapsed_s
+        self._resumed_at_s = elapsed_s
         self.best_eval = best_eval
         self.board.resume_at(env_steps)
 
@@ -265,6 +267,8 @@ class Report:
             "rejected_chunks": dict(counters.rejected), "dropped_chunks": counters.dropped_chunks,
             # Where this process's time went, in seconds on the run's clock: start-up until the first chunk and the
             # first update, time spent in updates, and the evaluation rounds' play (wall and CPU, in their process).
+            # A resumed run's process took over at resumed_at_s, so its share of the clock is wall_s - resumed_at_s.
+            "resumed_at_s": self._resumed_at_s,
             "first_data_s": None if self._first_data is None else self._first_data[0] - self.started,
             "training_start_s": None if self._training_start is None else self._training_start[0] - self.started,
             "updating_s": self._training_meter.total,

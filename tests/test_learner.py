@@ -207,6 +207,10 @@ def test_checkpoints_are_complete_pruned_and_resume_everything(tmp_path):
     fresh = make_learner(tmp_path / "again", "learner.keep_checkpoints=2")
     fresh.restore(paths[-1])
     assert (fresh.intake.env_steps, fresh.trainer.updates) == (180, 3)
+    # Its clock goes on from the checkpoint's, and its summary says where this process took over.
+    fresh.write_summary()
+    resumed_at = json.loads((tmp_path / "again/summary.json").read_text())["resumed_at_s"]
+    assert resumed_at == state["schedule"]["elapsed_s"] > 0
     for a, b in ((fresh.trainer.network, learner.trainer.network), (fresh.trainer.target, learner.trainer.target)):
         assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
     assert all(torch.equal(x, y) for x, y in zip(fresh.trainer.optimizer.state_dict()["state"][0].values(),

@@ -3,6 +3,7 @@ resumed, and the time to a score read back, in wall time from the first launch a
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -31,5 +32,11 @@ def test_the_learning_benchmark_kills_resumes_and_reports_time_to_a_score(tmp_pa
     assert "collector0 died" in log and "resumed from checkpoint_" in log
     # Every score is at least -30: the first round reached it, timed both ways.
     assert re.search(r"reached -30 \S+ from the first launch in wall time \(\S+ on the run's clock\)", out), out
-    assert re.search(r"first chunk [\d.]+ s, first update [\d.]+ s; [\d,]+ env steps", out), out
+    # Where the time went, of the resumed process: its start-up counts from its own launch.
+    found = re.search(r"first chunk ([\d.]+) s, first update ([\d.]+) s after resuming at \S+ on the run's clock; "
+                      r"[\d,]+ env steps", out)
+    summary = json.loads((tmp_path / "bench-s1/summary.json").read_text())
+    assert found and summary["resumed_at_s"] > 0, out
+    assert float(found[1]) == round(summary["first_data_s"] - summary["resumed_at_s"], 1)
+    assert float(found[2]) == round(summary["training_start_s"] - summary["resumed_at_s"], 1)
     assert out.splitlines()[-1].startswith("bench-s1 ")
