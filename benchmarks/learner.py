@@ -1,7 +1,7 @@
 """Learner speed on its own: updates/s and samples/s at several batch sizes, and the share of sampling in an update.
 
     python benchmarks/learner.py [--seconds 10] [--batches 32,256,512] [--devices cpu,cuda] [--replay 200000]
-                                 [--overlap on,off] [--only NIPS]
+                                 [--overlap on,off] [--only NIPS] [--profile UPDATES]
 
 For each device present (CPU, and the GPU when there is one), each batch size and each of: prioritized 10-step
 replay with the NIPS torso (configs/pong_cpu.yaml), uniform 1-step replay (configs/pong.yaml) and prioritized 3-step
@@ -10,7 +10,8 @@ in float32 and in bfloat16, it fills a replay of Pong-shaped frames on that devi
 Learner.step() (sample, Double DQN update, new priorities) and replay.sample() alone, with the next batch prepared
 on a second thread (learner.overlap, the default) and without. Torch threads are the learner process's: all cores,
 shared out between the two threads under overlap. "CPU ms" is the process's CPU time per update, which on a small
-machine is what the collectors and the learner share.
+machine is what the collectors and the learner share. --profile N then prints torch.profiler's table of the
+operators that took the most time over N updates (use --overlap off: it sees only the thread that calls step()).
 """
 
 from __future__ import annotations
@@ -92,8 +93,22 @@ def measure(learner: Learner, seconds: float) -> tuple[float, float, float]:
     replay, generator, batch = learner.trainer.replay, learner.trainer.generator, learner.cfg.train.batch_size
     step, cpu = timed(learner.step, learner.device, seconds)
     sample, _ = timed(lambda: replay.sample(batch, generator, 0.5), learner.device, seconds / 2)
-    learner.report.close()
     return step, cpu, sample
+
+
+def profile(learner: Learner, updates: int, rows: int = 15) -> str:
+    """torch.profiler's table of the operators that took the most time over `updates` updates. It records the thread
+    that calls step(): under learner.overlap, the helper thread's work (sampling, the target network's values, the
+    online network's values of s') is left out, so profile with --overlap off to see a whole update."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if learner.device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as profiler:
+        for _ in range(updates):
+            learner.step()
+        synchronize(learner.device)
+    key = "self_device_time_total" if learner.device.type == "cuda" else "self_cpu_time_total"
+    return profiler.key_averages().table(sort_by=key, row_limit=rows)
 
 
 OVERLAP = {"on": "true", "off": "false"}
@@ -115,6 +130,8 @@ def main() -> None:
     parser.add_argument("--overlap", default="on,off", type=overlap_settings,
                         help="learner.overlap settings to measure: on, off or on,off")
     parser.add_argument("--only", default="", help="measure only the setups whose label contains this, e.g. NIPS")
+    parser.add_argument("--profile", type=int, default=0, metavar="UPDATES",
+                        help="after each measurement, profile this many updates and print the costliest operators")
     args = parser.parse_args()
     configure_process()   # as the learner process does
     gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
@@ -133,8 +150,11 @@ def main() -> None:
                         learner = filled_learner(config, [*overrides, setting], device, batch, args.replay,
                                                  Path(run_dir))
                         step, cpu, sample = measure(learner, args.seconds)
-                    print(f"  {device:<6} {label:<28} {overlap:>7} {batch:>5} {1 / step:>10,.1f} "
-                          f"{batch / step:>10,.0f} {cpu * 1e3:>8.1f} {sample / step:>14.0%}", flush=True)
+                        print(f"  {device:<6} {label:<28} {overlap:>7} {batch:>5} {1 / step:>10,.1f} "
+                              f"{batch / step:>10,.0f} {cpu * 1e3:>8.1f} {sample / step:>14.0%}", flush=True)
+                        if args.profile:
+                            print(profile(learner, args.profile), flush=True)
+                        learner.report.close()
 
 
 if __name__ == "__main__":
