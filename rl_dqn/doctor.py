@@ -214,7 +214,8 @@ def gpu_steps(config: str, overrides: list[str], name: str) -> list[Step]:
     ]
 
 
-def run_steps(steps: list[Step]) -> list[Outcome]:
+def run_steps(steps: list[Step], after_each=lambda outcomes: None) -> list[Outcome]:
+    """Runs `steps` in order; `after_each(outcomes so far)` is called after each, so a cut-off run keeps its report."""
     outcomes = []
     for step in steps:
         print(f"doctor --gpu: {step.name}: {' '.join(step.argv[1:])}", flush=True)
@@ -232,6 +233,7 @@ def run_steps(steps: list[Step]) -> list[Outcome]:
         print(f"doctor --gpu: {step.name}: {'passed' if outcome.passed else 'FAILED: ' + error} "
               f"({outcome.seconds:.0f} s)", flush=True)
         outcomes.append(outcome)
+        after_each(outcomes)
     return outcomes
 
 
@@ -272,9 +274,9 @@ def acceptance_run(config: str, overrides: list[str], runs_dir: Path, steps: lis
     folder = runs_dir / name
     folder.mkdir(parents=True, exist_ok=True)
     header, found = check(config, overrides, runs_dir)
-    outcomes = run_steps(steps if steps is not None else gpu_steps(config, overrides, name))
-    (folder / "report.md").write_text(report(header + [f"recommended: {a}" for a in found.recommendations]
-                                             + [f"problem: {p}" for p in found.problems], outcomes))
+    header += [f"recommended: {a}" for a in found.recommendations] + [f"problem: {p}" for p in found.problems]
+    outcomes = run_steps(steps if steps is not None else gpu_steps(config, overrides, name),
+                         after_each=lambda so_far: (folder / "report.md").write_text(report(header, so_far)))
     failed = [o.step.name for o in outcomes if not o.passed]
     print(f"doctor --gpu: {len(outcomes) - len(failed)} of {len(outcomes)} checks passed"
           + (f" (failed: {', '.join(failed)})" if failed else "") + f"; report: {folder / 'report.md'}")

@@ -67,3 +67,11 @@ def test_the_acceptance_report_gives_each_check_its_result_error_and_figures(tmp
     assert "| a check that passes | passed |" in text and "round trip 0.74 ms" in text
     assert "| a check that fails | FAILED: exit code 1: ValueError: no stream found |" in text
     assert "| a check that hangs | FAILED: did not finish within 1 s |" in text
+
+
+def test_the_report_is_written_after_each_check_so_a_cut_off_run_keeps_it(tmp_path):
+    reads_the_report = ("import pathlib, sys; (report,) = pathlib.Path(sys.argv[1]).glob('doctor-*/report.md'); "
+                        "sys.exit(0 if '| the first check | passed |' in report.read_text() else 1)")
+    steps = [Step("the first check", [sys.executable, "-c", "print('done')"], 60),
+             Step("the second check", [sys.executable, "-c", reads_the_report, str(tmp_path)], 60)]
+    assert acceptance_run("configs/pong_cpu.yaml", [], tmp_path, steps) == 0
