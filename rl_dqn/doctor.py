@@ -207,28 +207,35 @@ def gpu_steps(config: str, overrides: list[str], name: str) -> list[Step]:
         # TP_VERBOSE_LOGGING makes TensorPipe say which channel carries each tensor.
         Step("CPU vs CUDA transport", [python, "benchmarks/transport.py", "--quick"], 600, {"TP_VERBOSE_LOGGING": "1"}),
         Step("learner on the GPU", [python, "benchmarks/learner.py", "--devices", "cuda", "--seconds", "3",
-                                    "--batches", "32,512", "--replay", "200000"], 600),
+                                    "--batches", "32,512", "--overlap", "on", "--replay", "50000"], 600),
         Step("short training run", [python, "-m", "rl_dqn", "local", config, *overrides, f"run.name={name}-train",
                                     "train.total_env_steps=150000", "eval.every_env_steps=50000",
                                     "learner.checkpoint_replay=false"], 600),
     ]
 
 
-def run_steps(steps: list[Step], after_each=lambda outcomes: None) -> list[Outcome]:
-    """Runs `steps` in order; `after_each(outcomes so far)` is called after each, so a cut-off run keeps its report."""
+def run_steps(steps: list[Step], logs: Path, after_each=lambda outcomes: None) -> list[Outcome]:
+    """Runs `steps` in order, each writing its output to logs/<n>-<name>.log as it goes (a check cut off by a time
+    limit leaves what it printed); `after_each(outcomes so far)` is called after each, so a cut-off run keeps its
+    report."""
     outcomes = []
-    for step in steps:
+    for n, step in enumerate(steps, 1):
         print(f"doctor --gpu: {step.name}: {' '.join(step.argv[1:])}", flush=True)
+        log = logs / f"{n}-{step.name.replace(' ', '-')}.log"
         started = time.monotonic()
-        try:
-            done = subprocess.run(step.argv, cwd=ROOT, env=dict(os.environ, **step.env), capture_output=True,
-                                  text=True, timeout=step.timeout_s)
-            output, code = done.stdout + done.stderr, done.returncode
-            error = "" if code == 0 else f"exit code {code}: {_last_error(output)}"
-        except subprocess.TimeoutExpired as e:
-            output = (e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(errors="replace") \
-                if isinstance(e.stdout, bytes) else (e.stdout or "") + (e.stderr or "")
-            error = f"did not finish within {step.timeout_s:g} s"
+        with open(log, "w") as out:
+            process = subprocess.Popen(step.argv, cwd=ROOT, env=dict(os.environ, **step.env), stdout=out,
+                                       stderr=subprocess.STDOUT, text=True)
+            try:
+                code = process.wait(timeout=step.timeout_s)
+                error = ""
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+                code, error = None, f"did not finish within {step.timeout_s:g} s"
+        output = log.read_text(errors="replace")
+        if code not in (0, None):
+            error = f"exit code {code}: {_last_error(output)}"
         outcome = Outcome(step, error == "", time.monotonic() - started, output, error)
         print(f"doctor --gpu: {step.name}: {'passed' if outcome.passed else 'FAILED: ' + error} "
               f"({outcome.seconds:.0f} s)", flush=True)
@@ -275,7 +282,7 @@ def acceptance_run(config: str, overrides: list[str], runs_dir: Path, steps: lis
     folder.mkdir(parents=True, exist_ok=True)
     header, found = check(config, overrides, runs_dir)
     header += [f"recommended: {a}" for a in found.recommendations] + [f"problem: {p}" for p in found.problems]
-    outcomes = run_steps(steps if steps is not None else gpu_steps(config, overrides, name),
+    outcomes = run_steps(steps if steps is not None else gpu_steps(config, overrides, name), folder,
                          after_each=lambda so_far: (folder / "report.md").write_text(report(header, so_far)))
     failed = [o.step.name for o in outcomes if not o.passed]
     print(f"doctor --gpu: {len(outcomes) - len(failed)} of {len(outcomes)} checks passed"

@@ -221,11 +221,13 @@ def replacing_learner(port: int, kind: str, events) -> None:
 
 
 def killed_collector(port: int, kind: str, events) -> None:
-    """Joins collector0's slot, sends a chunk and dies (SIGKILL)."""
+    """Joins collector0's slot, sends a chunk, and dies (SIGKILL) once the learner has answered it: a process
+    killed while its chunk is on the way loses that chunk (over CUDA IPC the sender must outlive the copy)."""
     cfg = config(port, kind, world_size=2)
     transport = CollectorTransport(cfg, 0, threading.Event(), place(cfg, 1, torch.cuda.device_count()))
     transport.wait_weights(timeout=30)
     transport.send(make_chunk(0, 0, kind))
+    _wait(lambda: transport._in_flight[0].done(), 30, "the learner's answer to the chunk")
     events.put(("killed collector", "sent", 0))
     events.close()
     events.join_thread()
@@ -247,6 +249,31 @@ def replacement_collector(port: int, kind: str, events) -> None:
                 events.put(("replacement", "weights", (w.version, intact(w), str(w.state["w"].device))))
             time.sleep(0.01)
         events.put(("replacement", "stopped", transport.stop_requested))
+    finally:
+        transport.close()
+
+
+def late_publishing_learner(port: int, kind: str, events) -> None:
+    """Publishes its first weights only once collector0 has joined (a learner still building its network)."""
+    cfg = config(port, kind, world_size=2)
+    transport = LearnerTransport(cfg, threading.Event(), place(cfg, 0, torch.cuda.device_count()))
+    try:
+        _wait(lambda: "collector0" in transport.alive, 30, "collector0 to join")
+        events.put(("learner", "published v0 to", transport.publish(weights(0, kind))))
+        _wait(lambda: transport._publishing["collector0"].done(), 20, "v0 to arrive")
+        transport.stop_collectors(timeout=10)
+    finally:
+        transport.close()
+
+
+def early_collector(port: int, kind: str, events) -> None:
+    """Joins before the learner has published anything; reports the weights it then gets."""
+    cfg = config(port, kind, world_size=2)
+    transport = CollectorTransport(cfg, 0, threading.Event(), place(cfg, 1, torch.cuda.device_count()))
+    try:
+        first = transport.wait_weights(timeout=30)
+        events.put(("collector0", "weights", (first.version, intact(first), str(first.state["w"].device))))
+        _wait(lambda: transport.stop_requested, 30, "the learner's stop")
     finally:
         transport.close()
 

@@ -182,3 +182,13 @@ def test_bad_chunks_are_refused_counted_and_replay_stays_intact(tmp_path, monkey
     assert by[("learner", "env_steps")] == 2 * rpc_scenarios.T * rpc_scenarios.E
     # Lane 0: the first chunk's frames (value 0), then the second good chunk's (value 5).
     assert by[("learner", "replay frames")] == [0.0] * rpc_scenarios.T + [5.0]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_collector_that_joins_before_the_first_publish_gets_those_weights(kind):
+    port = free_port()
+    events = run_processes([(rpc_scenarios.late_publishing_learner, (port, kind)),
+                            (rpc_scenarios.early_collector, (port, kind))])
+    by = {(who, what): value for who, what, value in events}
+    assert by[("learner", "published v0 to")] == 1, events
+    assert by[("collector0", "weights")] == (0, True, "cuda:0" if kind == "cuda" else "cpu"), events

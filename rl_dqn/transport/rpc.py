@@ -1,8 +1,9 @@
 """Chunks, acknowledgements, weights and the stop signal over torch.distributed.rpc (TensorPipe).
 
 Plain module-level RPC functions carry everything; each routes to the one endpoint of its process:
-- collector -> learner `_hello(slot, rpc_id)` once joined: answered with the newest weights (a CPU copy) and the
-  run's env steps so far (where a linear epsilon schedule stands);
+- collector -> learner `_hello(slot, rpc_id)` once joined: answered with the newest weights (a CPU copy; None
+  before the learner's first publish, which then reaches the collector as it does every member) and the run's env
+  steps so far (where a linear epsilon schedule stands), or with None for a process the run does not take;
 - collector -> learner `_submit_chunk(chunk)`: answered with an `Ack` only when the learner wants more data,
   so a collector with `max_chunks_in_flight` unanswered chunks waits (this is the throttle). The learner may hold
   an answer for as long as it trains, so this call has no deadline; a collector that has waited QUIET_S checks
@@ -65,7 +66,7 @@ def _ping() -> bool:
     return True
 
 
-def _hello(slot: int, rpc_id: int) -> tuple[Weights, int] | None:
+def _hello(slot: int, rpc_id: int) -> tuple[Weights | None, int] | None:
     return _endpoint._on_hello(slot, rpc_id)
 
 
@@ -287,7 +288,7 @@ class LearnerTransport:
                 self._drop(name, "replaced by a new process")
         self.registry.forget(name)
 
-    def _on_hello(self, slot: int, rpc_id: int) -> tuple[Weights, int] | None:
+    def _on_hello(self, slot: int, rpc_id: int) -> tuple[Weights | None, int] | None:
         name = worker_name(collector_rank(slot))
         with self._lock:
             if not self.registry.is_current(slot, rpc_id) or self._closed:
@@ -301,7 +302,7 @@ class LearnerTransport:
         self.changes.put(Change(Membership.JOINED, name, f"process {incarnation + 1} of its slot"))
         self.registry.keep_learner_only()
         if (latest := self._latest) is None:
-            return None
+            return None, self._env_steps     # a member now: the first publish sends it the weights
         weights, ready = latest
         _settle(weights.state.values(), ready)   # this RPC thread's stream waits for the publisher's
         return _on_cpu(weights), self._env_steps
@@ -500,7 +501,7 @@ class CollectorTransport:
 
         stage = ["no learner's store answered: is the learner running, at this address?"]
 
-        def join() -> tuple[membership.Admission, tuple[Weights, int] | None]:
+        def join() -> tuple[membership.Admission, tuple[Weights | None, int] | None]:
             # The store's own connect timeout outlasts the join's deadline: the process gives up at that deadline
             # with one line, before the store logs a C++ trace of its own timeout.
             store = membership.open_store(host, port, listen_on=None, timeout_s=timeout + JOIN_GRACE_S,
@@ -519,9 +520,11 @@ class CollectorTransport:
         admission, welcome = _in_thread(join, stop, timeout, f"joining the run at {host}:{port} as {name}", stage)
         self.rpc_id, self.incarnation = admission.rpc_id, admission.incarnation
         if welcome is None:
+            _leave()   # RPC threads left running would abort the interpreter's exit
             raise TransportError(f"the learner took {name} for replaced or the run is over")
         first, self.env_steps_at_join = welcome     # where the run stood when this process joined
-        self._weights = (first, None)
+        if first is not None:
+            self._on_weights(first)                 # unless a newer publish arrived first
 
     def _on_weights(self, weights: Weights) -> None:
         arrived = _arrival(weights.state.values())
