@@ -115,6 +115,9 @@ def _options(cfg: Config, placement: Placement, host: str, port: int) -> rpc.Ten
     if placement.device.type == "cuda" and cfg.transport.kind == "cuda":
         # A dynamic group does not derive this list from the peers' maps: name the GPU that tensors land on.
         options.set_devices([placement.device])
+        # Tensors may land there before this process has used the GPU (weights that reach a collector before it
+        # builds its network): CUDA's caching allocator must be set up first, or the RPC thread aborts the process.
+        torch.zeros(1, device=placement.device)
     return options
 
 
