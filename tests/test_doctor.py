@@ -75,3 +75,13 @@ def test_the_report_is_written_after_each_check_so_a_cut_off_run_keeps_it(tmp_pa
     steps = [Step("the first check", [sys.executable, "-c", "print('done')"], 60),
              Step("the second check", [sys.executable, "-c", reads_the_report, str(tmp_path)], 60)]
     assert acceptance_run("configs/pong_cpu.yaml", [], tmp_path, steps) == 0
+
+
+def test_tensorpipes_verbose_log_does_not_push_a_checks_figures_out_of_the_report(tmp_path):
+    noisy = ("print('ingest: cuda 1,763 MB/s'); "
+             "[print(f'V1125 17:51:45.{i:06d}  1937 tensorpipe/core/pipe_impl.cc:382] Pipe is calling a callback')"
+             " for i in range(500)]")
+    steps = [Step("transport", [sys.executable, "-c", noisy], 60, {"TP_VERBOSE_LOGGING": "1"})]
+    assert acceptance_run("configs/pong_cpu.yaml", [], tmp_path, steps) == 0
+    (report,) = tmp_path.glob("doctor-*/report.md")
+    assert "ingest: cuda 1,763 MB/s" in report.read_text()
