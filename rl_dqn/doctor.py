@@ -10,7 +10,8 @@ config can run here as written; 2 with one line per problem when it cannot.
 
 `--gpu` is the acceptance run of a GPU machine: the `cuda` tests, the CPU-vs-CUDA transport benchmark, the learner
 benchmark on the GPU and a short training run of the config, each passed or failed with its error and figures, in
-runs/doctor-<date>/report.md with each check's whole output beside it, ready to attach to a bug report. On a machine without a GPU it says so and exits 2.
+runs/doctor-<date>/report.md with each check's whole output beside it, ready to attach to a bug report. On a
+machine without a GPU it says so and exits 2.
 """
 
 from __future__ import annotations
@@ -205,7 +206,7 @@ def gpu_steps(config: str, overrides: list[str], name: str) -> list[Step]:
     python = sys.executable
     return [
         Step("cuda tests", [python, "-m", "pytest", "-q", "-m", "cuda", "tests/"], 900),
-        # TP_VERBOSE_LOGGING makes TensorPipe say which channel carries each tensor.
+        # TP_VERBOSE_LOGGING makes TensorPipe log the channels it sets up and its pipes' traffic (kept in the log).
         Step("CPU vs CUDA transport", [python, "benchmarks/transport.py", "--quick"], 600, {"TP_VERBOSE_LOGGING": "1"}),
         Step("learner on the GPU", [python, "benchmarks/learner.py", "--devices", "cuda", "--seconds", "3",
                                     "--batches", "32,512", "--overlap", "on", "--replay", "50000"], 600),
@@ -226,17 +227,16 @@ def run_steps(steps: list[Step], logs: Path, after_each=lambda outcomes: None) -
         started = time.monotonic()
         with open(log, "w") as out:
             process = subprocess.Popen(step.argv, cwd=ROOT, env=dict(os.environ, **step.env), stdout=out,
-                                       stderr=subprocess.STDOUT, text=True)
+                                       stderr=subprocess.STDOUT)
             try:
                 code = process.wait(timeout=step.timeout_s)
-                error = ""
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-                code, error = None, f"did not finish within {step.timeout_s:g} s"
+                code = None
         output = log.read_text(errors="replace")
-        if code not in (0, None):
-            error = f"exit code {code}: {_last_error(output)}"
+        error = (f"did not finish within {step.timeout_s:g} s" if code is None else
+                 "" if code == 0 else f"exit code {code}: {_last_error(output)}")
         outcome = Outcome(step, error == "", time.monotonic() - started, output, error)
         print(f"doctor --gpu: {step.name}: {'passed' if outcome.passed else 'FAILED: ' + error} "
               f"({outcome.seconds:.0f} s)", flush=True)
