@@ -187,7 +187,14 @@ class TrainConfig:
     gamma: float = 0.99
     """discount per env step"""
     lr: float = 1e-4
-    """Adam learning rate"""
+    """Adam learning rate (until lr_decay_start_env_steps when lr_end is set)"""
+    lr_end: float | None = None
+    """learning rate reached at lr_decay_end_env_steps and held from there, decayed linearly from train.lr from
+    lr_decay_start_env_steps on; null = train.lr throughout"""
+    lr_decay_start_env_steps: int = 0
+    """env steps at which the learning rate leaves train.lr for lr_end (with lr_end set)"""
+    lr_decay_end_env_steps: int = 0
+    """env steps at which the learning rate reaches lr_end (with lr_end set; 0 = train.total_env_steps)"""
     adam_eps: float = 1e-8
     """Adam epsilon"""
     max_grad_norm: float = 10.0
@@ -222,6 +229,14 @@ class TrainConfig:
         _require(self.replay_ratio >= 0.0, "train.replay_ratio", f"must be >= 0, got {self.replay_ratio}")
         _require(0.0 <= self.gamma <= 1.0, "train.gamma", f"must be in [0, 1], got {self.gamma}")
         _require(self.lr > 0.0, "train.lr", f"must be > 0, got {self.lr}")
+        _require(self.lr_end is None or self.lr_end > 0.0, "train.lr_end",
+                 f"must be > 0 or null (train.lr throughout), got {self.lr_end}")
+        _require(self.lr_decay_start_env_steps >= 0, "train.lr_decay_start_env_steps",
+                 f"must be >= 0, got {self.lr_decay_start_env_steps}")
+        lr_decay_end = self.lr_decay_end_env_steps or self.total_env_steps
+        _require(self.lr_decay_end_env_steps >= 0 and lr_decay_end > self.lr_decay_start_env_steps,
+                 "train.lr_decay_end_env_steps", f"must be 0 (train.total_env_steps) or > "
+                 f"train.lr_decay_start_env_steps ({self.lr_decay_start_env_steps}), got {self.lr_decay_end_env_steps}")
         _require(self.adam_eps > 0.0, "train.adam_eps", f"must be > 0, got {self.adam_eps}")
         _require(self.max_grad_norm > 0.0, "train.max_grad_norm", f"must be > 0, got {self.max_grad_norm}")
         _require(self.target_update_updates >= 1, "train.target_update_updates",

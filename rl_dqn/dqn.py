@@ -48,6 +48,16 @@ def td_loss(q_taken: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor 
     return (loss if weights is None else loss * weights).mean()
 
 
+def lr_schedule(env_steps: int, lr: float, lr_end: float | None, start_env_steps: int, end_env_steps: int
+                ) -> float:
+    """The learning rate: `lr` until `start_env_steps`, then linearly to `lr_end` at `end_env_steps` and held
+    there; `lr` throughout when `lr_end` is None."""
+    if lr_end is None:
+        return lr
+    fraction = (env_steps - start_env_steps) / max(end_env_steps - start_env_steps, 1)
+    return lr + min(max(fraction, 0.0), 1.0) * (lr_end - lr)
+
+
 def beta_schedule(env_steps: int, start: float, learning_starts: int, end_env_steps: int) -> float:
     """Prioritized replay's importance-sampling exponent, annealed linearly from `start` when learning starts to
     1 at `end_env_steps`."""

@@ -171,7 +171,7 @@ class Learner:
             self.report.collectors_alive(len(self.transport.alive), self.intake.env_steps)
 
     def log(self) -> None:
-        self.report.log(self.counters(), self.trainer.mean_loss_and_q())
+        self.report.log(self.counters(), self.trainer.mean_loss_and_q(), self.trainer.lr)
 
     # ------------------------------------------------------------------------------------------ evaluation
 

@@ -169,7 +169,7 @@ class Report:
 
     # -------------------------------------------------------------------------------------- periodic
 
-    def log(self, counters: Counters, loss_and_q: tuple[float, float] | None) -> None:
+    def log(self, counters: Counters, loss_and_q: tuple[float, float] | None, lr: float) -> None:
         """Every metrics.interval_s: the scalars, the system figures and the console's progress line."""
         env_rate, update_rate = self._env_meter.rate(), self._update_meter.rate()
         board, steps = self.board, counters.env_steps
@@ -185,6 +185,7 @@ class Report:
         if loss_and_q is not None:
             board.scalar("learner/loss", loss_and_q[0], steps)
             board.scalar("learner/q_mean", loss_and_q[1], steps)
+            board.scalar("learner/lr", lr, steps)
         held = [s.last_weights_version for s in self._collectors if s.last_weights_version is not None]
         if held:
             board.scalar("weights/version", min(held), steps)

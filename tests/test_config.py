@@ -80,6 +80,9 @@ def test_overrides_convert_like_a_person_means_them(tmp_path):
     ("eval.max_episode_frames=2", "eval.max_episode_frames", "0 or >= env.frame_skip (4)"),
     ("train.priority_beta_env_steps=500", "train.priority_beta_env_steps", "0 (train.total_env_steps) or > train"),
     ("eval.stop_score=high", "eval.stop_score", "must be a number"),
+    ("train.lr_end=0", "train.lr_end", "> 0 or null"),
+    ("train.lr_decay_start_env_steps=-1", "train.lr_decay_start_env_steps", ">= 0"),
+    ("train.lr_decay_start_env_steps=5000", "train.lr_decay_end_env_steps", "> train.lr_decay_start_env_steps (5000)"),
 ])
 def test_bad_values_name_their_key(override, key, allowed):
     with pytest.raises(ConfigError) as error:

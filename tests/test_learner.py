@@ -142,6 +142,21 @@ def test_prioritized_replay_anneals_beta_to_one_at_priority_beta_env_steps(tmp_p
     assert drawn and drawn == pytest.approx([beta] * len(drawn))
 
 
+@pytest.mark.parametrize("overrides, lr", [
+    ([], 0.001),                                                                  # no lr_end: train.lr throughout
+    (["train.lr_end=0.0001", "train.lr_decay_start_env_steps=100", "train.lr_decay_end_env_steps=200"],
+     0.001 + (120 - 100) / (200 - 100) * (0.0001 - 0.001)),
+    (["train.lr_end=0.0001", "train.lr_decay_start_env_steps=20", "train.lr_decay_end_env_steps=100"], 0.0001),
+])
+def test_the_optimizer_steps_at_the_learning_rate_of_its_schedule(tmp_path, overrides, lr):
+    learner = make_learner(tmp_path, *overrides)
+    learner.ingest(chain_chunk(0, 0, episodes=10))
+    learner.ingest(chain_chunk(1, 0, episodes=10))     # 120 env steps
+    learner.step()
+    assert learner.trainer.updates >= 1
+    assert [g["lr"] for g in learner.trainer.optimizer.param_groups] == pytest.approx([lr])
+
+
 def test_preparing_the_next_batch_beside_training_changes_no_update(tmp_path):
     """learner.overlap draws the same batches from the same generator and computes the same targets as one thread
     does: across target refreshes (every 20 updates here), with prioritized replay whose priorities from each
