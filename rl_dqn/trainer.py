@@ -55,7 +55,6 @@ class Trainer:
         self._prepared: concurrent.futures.Future | None = None
         self._generator_before_prepared: torch.Tensor | None = None   # its state before the prepared batch
         self._env_steps = 0   # of the update in progress: the prioritized-replay beta schedule follows it
-        self.lr = t.lr        # of the newest update, set from train.lr's schedule at each one
         # Sums since mean_loss_and_q() last read them, so that an update never waits on a host sync.
         self._loss_sum = torch.zeros((), device=device)
         self._q_sum = torch.zeros((), device=device)
@@ -88,10 +87,10 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.network.parameters(), t.max_grad_norm)
-        self.lr = dqn.lr_schedule(env_steps, t.lr, t.lr_end, t.lr_decay_start_env_steps,
-                                  t.lr_decay_end_env_steps or t.total_env_steps)
+        lr = dqn.lr_schedule(env_steps, t.lr, t.lr_end, t.lr_decay_start_env_steps,
+                             t.lr_decay_end_env_steps or t.total_env_steps)
         for group in self.optimizer.param_groups:   # a float: the fused step reads it, no recompilation
-            group["lr"] = self.lr
+            group["lr"] = lr
         self.optimizer.step()
         if self._prepared is not None:
             concurrent.futures.wait([self._prepared])
@@ -102,6 +101,11 @@ class Trainer:
         if self.updates % t.target_update_updates == 0:
             self.target.load_state_dict(self.network.state_dict())
         return Update(q.detach(), targets, loss.detach())
+
+    @property
+    def lr(self) -> float:
+        """The learning rate of the newest update (before the first, train.lr or a resumed optimizer's)."""
+        return self.optimizer.param_groups[0]["lr"]
 
     def _prepare_batch(self) -> tuple:
         """A batch, its next observations scaled for the networks, and the target network's values of them."""
