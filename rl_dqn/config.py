@@ -202,7 +202,15 @@ class TrainConfig:
     target_update_updates: int = 250
     """updates between copies of the online network into the target network"""
     n_step: int = 3
-    """steps of reward summed before bootstrapping (1 = one-step DQN); shorter where an episode ends first"""
+    """steps of reward summed before bootstrapping (1 = one-step DQN); shorter where an episode ends first (until
+    n_step_decay_start_env_steps when n_step_end is set)"""
+    n_step_end: int | None = None
+    """steps of reward summed from n_step_decay_end_env_steps on, shortened from train.n_step linearly (rounded to
+    whole steps) from n_step_decay_start_env_steps on; from 1 to train.n_step; null = train.n_step throughout"""
+    n_step_decay_start_env_steps: int = 0
+    """env steps at which the returns start to shorten from train.n_step towards n_step_end (with n_step_end set)"""
+    n_step_decay_end_env_steps: int = 0
+    """env steps at which the returns reach n_step_end (with n_step_end set; 0 = train.total_env_steps)"""
     prioritized: bool = False
     """proportional prioritized replay; false draws uniformly"""
     priority_alpha: float = 0.6
@@ -242,6 +250,16 @@ class TrainConfig:
         _require(self.target_update_updates >= 1, "train.target_update_updates",
                  f"must be >= 1, got {self.target_update_updates}")
         _require(self.n_step >= 1, "train.n_step", f"must be >= 1, got {self.n_step}")
+        _require(self.n_step_end is None or 1 <= self.n_step_end <= self.n_step, "train.n_step_end",
+                 f"must be from 1 to train.n_step ({self.n_step}) or null (train.n_step throughout), "
+                 f"got {self.n_step_end}")
+        _require(self.n_step_decay_start_env_steps >= 0, "train.n_step_decay_start_env_steps",
+                 f"must be >= 0, got {self.n_step_decay_start_env_steps}")
+        n_step_decay_end = self.n_step_decay_end_env_steps or self.total_env_steps
+        _require(self.n_step_decay_end_env_steps >= 0 and n_step_decay_end > self.n_step_decay_start_env_steps,
+                 "train.n_step_decay_end_env_steps", f"must be 0 (train.total_env_steps) or > "
+                 f"train.n_step_decay_start_env_steps ({self.n_step_decay_start_env_steps}), "
+                 f"got {self.n_step_decay_end_env_steps}")
         _require(self.priority_alpha >= 0.0, "train.priority_alpha", f"must be >= 0, got {self.priority_alpha}")
         _require(0.0 <= self.priority_beta <= 1.0, "train.priority_beta",
                  f"must be in [0, 1], got {self.priority_beta}")
@@ -573,8 +591,8 @@ def _convert(key: str, value: Any, tp: Any) -> Any:
         (item_tp, _) = typing.get_args(tp)
         _require(isinstance(value, (list, tuple)), key, f"must be a list, got {value!r}")
         return tuple(_convert(key, v, item_tp) for v in value)
-    if typing.get_args(tp) == (float, type(None)):
-        return None if value is None else _convert(key, value, float)
+    if typing.get_args(tp) in ((float, type(None)), (int, type(None))):
+        return None if value is None else _convert(key, value, typing.get_args(tp)[0])
     if tp is bool:
         _require(isinstance(value, bool), key, f"must be true or false, got {value!r}")
         return value

@@ -48,14 +48,14 @@ def td_loss(q_taken: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor 
     return (loss if weights is None else loss * weights).mean()
 
 
-def lr_schedule(env_steps: int, lr: float, lr_end: float | None, start_env_steps: int, end_env_steps: int
-                ) -> float:
-    """The learning rate: `lr` until `start_env_steps`, then linearly to `lr_end` at `end_env_steps` and held
-    there; `lr` throughout when `lr_end` is None."""
-    if lr_end is None:
-        return lr
+def linear_schedule(env_steps: int, start: float, end: float | None, start_env_steps: int, end_env_steps: int
+                    ) -> float:
+    """A value that holds at `start` until `start_env_steps`, goes linearly to `end` at `end_env_steps` and holds
+    there; `start` throughout when `end` is None (train.lr to lr_end, train.n_step to n_step_end)."""
+    if end is None:
+        return start
     fraction = (env_steps - start_env_steps) / max(end_env_steps - start_env_steps, 1)
-    return lr + min(max(fraction, 0.0), 1.0) * (lr_end - lr)
+    return start + min(max(fraction, 0.0), 1.0) * (end - start)
 
 
 def beta_schedule(env_steps: int, start: float, learning_starts: int, end_env_steps: int) -> float:

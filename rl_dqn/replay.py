@@ -199,10 +199,12 @@ class ReplayMemory:
         """Whether anything can be drawn yet."""
         return self._ready
 
-    def sample(self, batch_size: int, generator: torch.Generator | None = None, beta: float = 1.0) -> Batch:
+    def sample(self, batch_size: int, generator: torch.Generator | None = None, beta: float = 1.0,
+               n_step: int | None = None) -> Batch:
         """Draws `batch_size` transitions (stratified over the priority mass, with replacement), as whole-batch
         tensor ops. Importance weights (N P(i))^-beta are normalised by the batch's largest, as in Schaul et al.
-        (N cancels out), so they only ever scale the loss down."""
+        (N cancels out), so they only ever scale the loss down. Returns sum `n_step` rewards (from 1 to the
+        memory's n_step, which it is when None): the memory stores single steps, so a run can shorten them."""
         if not self._ready:
             raise ValueError(f"replay holds no transition yet, fewer than a batch of {batch_size}")
         index, probability = self.tree.sample(batch_size, generator)
@@ -214,7 +216,7 @@ class ReplayMemory:
             weights = (weights / weights.max()).float()
         else:
             weights = torch.ones(batch_size, device=self.device)
-        return self._gather(lane, tick, index, weights)
+        return self._gather(lane, tick, index, weights, n_step)
 
     def update_priorities(self, index: torch.Tensor, td_errors: torch.Tensor) -> None:
         """New priorities from the absolute TD errors of a sampled batch (no-op for uniform replay)."""
@@ -227,10 +229,13 @@ class ReplayMemory:
     def _priority(self, abs_td: torch.Tensor) -> torch.Tensor:
         return (abs_td.double() + self.priority_eps) ** self.alpha
 
-    def _n_step(self, lane: torch.Tensor, tick: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """For entries `tick` of `lane`: the discounted reward sum, the bootstrap discount (0 when terminal) and
-        the entry to bootstrap from, each [B]."""
-        n, cap = self.n_step, self.lane_capacity
+    def _n_step(self, lane: torch.Tensor, tick: torch.Tensor, n: int | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """For entries `tick` of `lane`: the discounted sum of up to `n` rewards (the memory's n_step when None),
+        the bootstrap discount (0 when terminal) and the entry to bootstrap from, each [B]."""
+        n, cap = self.n_step if n is None else n, self.lane_capacity
+        if not 1 <= n <= self.n_step:
+            raise ValueError(f"n-step returns of {n} steps: must be from 1 to the memory's n_step ({self.n_step})")
         steps = torch.arange(n, device=self.device)
         window = (tick[:, None] + steps) % cap                             # k .. k+n-1
         rows = lane[:, None]
@@ -266,8 +271,8 @@ class ReplayMemory:
         return frames.mul_(keep.view(*keep.shape, *([1] * (frames.dim() - 2))))
 
     def _gather(self, lane: torch.Tensor, tick: torch.Tensor, index: torch.Tensor | None = None,
-                weights: torch.Tensor | None = None) -> Batch:
-        returns, discounts, next_tick = self._n_step(lane, tick)
+                weights: torch.Tensor | None = None, n_step: int | None = None) -> Batch:
+        returns, discounts, next_tick = self._n_step(lane, tick, n_step)
         k = tick % self.lane_capacity
         if index is None:
             index = lane * self.lane_capacity + k

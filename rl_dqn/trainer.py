@@ -54,7 +54,7 @@ class Trainer:
             if cfg.learner.overlap else None
         self._prepared: concurrent.futures.Future | None = None
         self._generator_before_prepared: torch.Tensor | None = None   # its state before the prepared batch
-        self._env_steps = 0   # of the update in progress: the prioritized-replay beta schedule follows it
+        self._env_steps = 0   # of the update in progress: the beta and n-step schedules follow it
         # Sums since mean_loss_and_q() last read them, so that an update never waits on a host sync.
         self._loss_sum = torch.zeros((), device=device)
         self._q_sum = torch.zeros((), device=device)
@@ -87,8 +87,8 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.network.parameters(), t.max_grad_norm)
-        lr = dqn.lr_schedule(env_steps, t.lr, t.lr_end, t.lr_decay_start_env_steps,
-                             t.lr_decay_end_env_steps or t.total_env_steps)
+        lr = dqn.linear_schedule(env_steps, t.lr, t.lr_end, t.lr_decay_start_env_steps,
+                                 t.lr_decay_end_env_steps or t.total_env_steps)
         for group in self.optimizer.param_groups:   # a float: the fused step reads it, no recompilation
             group["lr"] = lr
         self.optimizer.step()
@@ -112,7 +112,9 @@ class Trainer:
         t = self.cfg.train
         beta = dqn.beta_schedule(self._env_steps, t.priority_beta, t.learning_starts,
                                  t.priority_beta_env_steps or t.total_env_steps)
-        batch = self.replay.sample(t.batch_size, self.generator, beta)
+        n_step = round(dqn.linear_schedule(self._env_steps, t.n_step, t.n_step_end, t.n_step_decay_start_env_steps,
+                                           t.n_step_decay_end_env_steps or t.total_env_steps))
+        batch = self.replay.sample(t.batch_size, self.generator, beta, n_step)
         with torch.no_grad():
             next_inputs = self.target.inputs(batch.next_obs)        # scaled once for both networks
             return batch, next_inputs, self.target(next_inputs)

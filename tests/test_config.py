@@ -49,6 +49,8 @@ def test_overrides_convert_like_a_person_means_them(tmp_path):
     # A number, or null for none.
     assert load_config(path, ["eval.every_env_steps=100", "eval.stop_score=18"]).eval.stop_score == 18.0
     assert load_config(path, ["eval.every_env_steps=100", "eval.stop_score=null"]).eval.stop_score is None
+    assert load_config(path, ["train.n_step=5", "train.n_step_end=2"]).train.n_step_end == 2
+    assert load_config(path, ["train.n_step_end=null"]).train.n_step_end is None
 
 
 @pytest.mark.parametrize("override, key, allowed", [
@@ -83,6 +85,12 @@ def test_overrides_convert_like_a_person_means_them(tmp_path):
     ("train.lr_end=0", "train.lr_end", "> 0 or null"),
     ("train.lr_decay_start_env_steps=-1", "train.lr_decay_start_env_steps", ">= 0"),
     ("train.lr_decay_start_env_steps=5000", "train.lr_decay_end_env_steps", "> train.lr_decay_start_env_steps (5000)"),
+    ("train.n_step_end=0", "train.n_step_end", "from 1 to train.n_step"),
+    ("train.n_step_end=1.5", "train.n_step_end", "must be an integer"),
+    ("train.n_step_end=99", "train.n_step_end", "from 1 to train.n_step"),
+    ("train.n_step_decay_start_env_steps=-1", "train.n_step_decay_start_env_steps", ">= 0"),
+    ("train.n_step_decay_start_env_steps=5000", "train.n_step_decay_end_env_steps",
+     "> train.n_step_decay_start_env_steps (5000)"),
 ])
 def test_bad_values_name_their_key(override, key, allowed):
     with pytest.raises(ConfigError) as error:

@@ -31,11 +31,11 @@ def test_beta_is_annealed_to_one_over_the_run():
     assert dqn.beta_schedule(20000, 0.4, 1000, 11000) == pytest.approx(1.0)
 
 
-def test_learning_rate_holds_then_decays_linearly_then_holds():
-    assert dqn.lr_schedule(5000, 1e-3, None, 0, 100) == 1e-3
-    assert dqn.lr_schedule(50, 1e-3, 1e-4, 100, 300) == pytest.approx(1e-3)
-    assert dqn.lr_schedule(200, 1e-3, 1e-4, 100, 300) == pytest.approx(5.5e-4)
-    assert dqn.lr_schedule(900, 1e-3, 1e-4, 100, 300) == pytest.approx(1e-4)
+def test_a_linear_schedule_holds_then_moves_linearly_then_holds():
+    assert dqn.linear_schedule(5000, 1e-3, None, 0, 100) == 1e-3
+    assert dqn.linear_schedule(50, 1e-3, 1e-4, 100, 300) == pytest.approx(1e-3)
+    assert dqn.linear_schedule(200, 1e-3, 1e-4, 100, 300) == pytest.approx(5.5e-4)
+    assert dqn.linear_schedule(900, 1e-3, 1e-4, 100, 300) == pytest.approx(1e-4)
 
 
 def test_apex_epsilons():

@@ -135,7 +135,8 @@ def test_target_network_follows_every_target_update_updates(tmp_path):
 def test_prioritized_replay_anneals_beta_to_one_at_priority_beta_env_steps(tmp_path, monkeypatch, overrides, beta):
     learner = make_learner(tmp_path, "train.priority_beta=0.4", *overrides)
     drawn, sample = [], learner.trainer.replay.sample
-    monkeypatch.setattr(learner.trainer.replay, "sample", lambda n, gen, b: drawn.append(b) or sample(n, gen, b))
+    monkeypatch.setattr(learner.trainer.replay, "sample",
+                        lambda n, gen, b, *rest: drawn.append(b) or sample(n, gen, b, *rest))
     learner.ingest(chain_chunk(0, 0, episodes=10))
     learner.ingest(chain_chunk(1, 0, episodes=10))     # 120 env steps, 56 past train.learning_starts
     learner.step()
@@ -155,6 +156,22 @@ def test_the_optimizer_steps_at_the_learning_rate_of_its_schedule(tmp_path, over
     learner.step()
     assert learner.trainer.updates >= 1
     assert [g["lr"] for g in learner.trainer.optimizer.param_groups] == pytest.approx([lr])
+
+
+@pytest.mark.parametrize("overrides, n_step", [
+    ([], 5),                                                                      # no n_step_end: train.n_step
+    (["train.n_step_end=1", "train.n_step_decay_start_env_steps=100", "train.n_step_decay_end_env_steps=200"],
+     4),                                                                          # 5 - (120 - 100) / 100 * 4, rounded
+    (["train.n_step_end=2", "train.n_step_decay_start_env_steps=20", "train.n_step_decay_end_env_steps=100"], 2),
+])
+def test_batches_sum_the_rewards_of_the_n_step_schedule(tmp_path, monkeypatch, overrides, n_step):
+    learner = make_learner(tmp_path, "train.n_step=5", *overrides)
+    drawn, sample = [], learner.trainer.replay.sample
+    monkeypatch.setattr(learner.trainer.replay, "sample", lambda n, gen, b, m: drawn.append(m) or sample(n, gen, b, m))
+    learner.ingest(chain_chunk(0, 0, episodes=10))
+    learner.ingest(chain_chunk(1, 0, episodes=10))     # 120 env steps
+    learner.step()
+    assert drawn and drawn == [n_step] * len(drawn)
 
 
 def test_preparing_the_next_batch_beside_training_changes_no_update(tmp_path):

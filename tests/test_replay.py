@@ -89,6 +89,25 @@ def test_n_step_returns_across_a_truncation_by_hand():
     assert len(replay) == 4   # 0, 1, 3, 4
 
 
+def test_shorter_returns_from_the_same_memory_by_hand():
+    # A memory of 3-step returns draws 1- and 2-step ones too, up to a terminal (the step from tick 3) as before.
+    replay = one_lane(n_step=3)
+    replay.extend(0, hand_chunk(list(range(10)), first=[1, 0, 0, 0, 0, 1, 0, 0, 0, 0],
+                                terminated=[0, 0, 0, 1, 0, 0, 0, 0, 0, 0], rewards=[2.0 ** i for i in range(10)]))
+    lanes, ticks = torch.zeros(4, dtype=torch.int64), torch.tensor([0, 2, 3, 5])
+    two = replay._gather(lanes, ticks, n_step=2)
+    assert two.returns.tolist() == [1 + 0.5 * 2, 4 + 0.5 * 8, 8, 32 + 0.5 * 64]
+    assert two.discounts.tolist() == [0.25, 0.0, 0.0, 0.25] and two.next_obs.flatten().tolist() == [2, 4, 4, 7]
+    one = replay._gather(lanes, ticks, n_step=1)
+    assert one.returns.tolist() == [1, 4, 8, 32]
+    assert one.discounts.tolist() == [0.5, 0.5, 0.0, 0.5] and one.next_obs.flatten().tolist() == [1, 3, 4, 6]
+    drawn = replay.sample(64, torch.Generator().manual_seed(0), n_step=1)
+    assert torch.equal(drawn.next_obs.flatten(), torch.where(drawn.obs.flatten() == 3, 4.0, drawn.obs.flatten() + 1))
+    for n in (0, 4):
+        with pytest.raises(ValueError, match="from 1 to the memory's n_step"):
+            replay.sample(8, torch.Generator().manual_seed(0), n_step=n)
+
+
 def test_one_step_is_the_plain_dqn_transition():
     replay = one_lane(n_step=1, frame_stack=2)
     replay.extend(0, hand_chunk([1, 2, 3, 4], first=[1, 0, 0, 0], terminated=[0, 1, 0, 0], rewards=[5, 6, 7, 8]))
