@@ -402,6 +402,10 @@ class EvalConfig:
     max_episode_frames: int = 0
     """evaluation episodes are cut after this many emulator frames and score what they scored so far (18,000 = the
     5 minutes of play of Nature DQN's evaluation; Atari); 0 = env.max_episode_frames"""
+    sticky_action_prob: float | None = None
+    """probability that the emulator repeats the previous action on each frame of an evaluation episode (Atari),
+    e.g. 0 to evaluate on the NoFrameskip-v4 protocol an agent trained with sticky actions; null =
+    env.sticky_action_prob"""
     torch_threads: int = 1
     """torch intra-op threads of the evaluation process"""
     stop_score: float | None = None
@@ -416,6 +420,8 @@ class EvalConfig:
 
     def __post_init__(self):
         _require(self.video_max_steps >= 1, "eval.video_max_steps", f"must be >= 1, got {self.video_max_steps}")
+        _require(self.sticky_action_prob is None or 0.0 <= self.sticky_action_prob < 1.0, "eval.sticky_action_prob",
+                 f"must be in [0, 1) or null (env.sticky_action_prob), got {self.sticky_action_prob}")
         _require(self.every_env_steps >= 0, "eval.every_env_steps", f"must be >= 0, got {self.every_env_steps}")
         _require(self.episodes >= 1, "eval.episodes", f"must be >= 1, got {self.episodes}")
         _require(self.envs >= 1, "eval.envs", f"must be >= 1, got {self.envs}")
@@ -483,10 +489,11 @@ class Config:
 
     @property
     def eval_env(self) -> EnvConfig:
-        """The env of evaluation episodes: training's, cut at eval.max_episode_frames where that is set."""
-        if self.eval.max_episode_frames == 0:
-            return self.env
-        return dataclasses.replace(self.env, max_episode_frames=self.eval.max_episode_frames)
+        """The env of evaluation episodes: training's, cut at eval.max_episode_frames and with
+        eval.sticky_action_prob where those are set."""
+        changes = {"max_episode_frames": self.eval.max_episode_frames or None,
+                   "sticky_action_prob": self.eval.sticky_action_prob}
+        return dataclasses.replace(self.env, **{key: value for key, value in changes.items() if value is not None})
 
     @property
     def world_size(self) -> int:

@@ -86,6 +86,7 @@ def test_overrides_convert_like_a_person_means_them(tmp_path):
     ("train.lr_decay_start_env_steps=-1", "train.lr_decay_start_env_steps", ">= 0"),
     ("train.lr_decay_start_env_steps=5000", "train.lr_decay_end_env_steps", "> train.lr_decay_start_env_steps (5000)"),
     ("train.n_step_end=0", "train.n_step_end", "from 1 to train.n_step"),
+    ("eval.sticky_action_prob=1", "eval.sticky_action_prob", "[0, 1) or null"),
     ("train.n_step_end=1.5", "train.n_step_end", "must be an integer"),
     ("train.n_step_end=99", "train.n_step_end", "from 1 to train.n_step"),
     ("train.n_step_decay_start_env_steps=-1", "train.n_step_decay_start_env_steps", ">= 0"),

@@ -3,6 +3,7 @@ evaluation time limit."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -81,6 +82,27 @@ def test_a_screened_round_plays_on_only_where_its_first_episodes_reached_the_scr
     assert phases == ((5, 5), (15, 15))
     unscreened = load_config(ROOT / "configs/pong_cpu.yaml", ["eval.screen_episodes=0", "eval.envs=8"])
     assert unscreened.eval_phases == ((20, 8),)
+
+
+def test_evaluation_can_play_without_the_sticky_actions_of_training():
+    sticky = ["env.sticky_action_prob=0.25", "eval.max_episode_frames=0"]
+    assert load_config(ROOT / "configs/pong_cpu.yaml", sticky).eval_env.sticky_action_prob == 0.25
+    cfg = load_config(ROOT / "configs/pong_cpu.yaml", [*sticky, "eval.sticky_action_prob=0"])
+    assert cfg.env.sticky_action_prob == 0.25 and cfg.eval_env == dataclasses.replace(cfg.env, sticky_action_prob=0.0)
+    # The evaluation env follows it: with epsilon 1 and one seed, the same actions play out differently only where
+    # the emulator repeats some of them.
+    def first_episode_frames(env_cfg):
+        env = make_vector_env(env_cfg, 1, seed=5)
+        try:
+            actions, frames = torch.Generator().manual_seed(1), []
+            env.reset()
+            for _ in range(200):
+                frames.append(env.step(torch.randint(env.spec.num_actions, (1,), generator=actions)).obs.clone())
+            return torch.stack(frames)
+        finally:
+            env.close()
+    assert torch.equal(first_episode_frames(cfg.eval_env), first_episode_frames(cfg.eval_env))
+    assert not torch.equal(first_episode_frames(cfg.eval_env), first_episode_frames(cfg.env))
 
 
 def test_evaluation_episodes_end_at_the_evaluation_time_limit_and_score_what_they_scored():
