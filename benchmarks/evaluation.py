@@ -4,7 +4,8 @@ side, in one process on one thread, as the evaluator plays them.
     python benchmarks/evaluation.py runs/<name>[/checkpoints/<file>.pt] [--envs 20,8,4] [--episodes 20]
                                     [--epsilon 0.005] [--max-episode-frames 18000]
 
-For each count of envs (eval.envs), the same seed: the round's wall seconds and CPU seconds and its mean score.
+For each count of envs (eval.envs), the same seed: the round's wall seconds and CPU seconds, its mean score and each
+episode's score, lowest first (a mean of 10 can be 20 games won and lost by similar margins, or all won narrowly).
 With one env per episode every env steps on until the longest episode ends; with fewer, each plays episodes one
 after another and only the last ones wait. A mid-training Pong agent plays long rallies, where this matters most.
 """
@@ -45,7 +46,7 @@ def main() -> None:
     env_cfg = dataclasses.replace(cfg.env, max_episode_frames=args.max_episode_frames)
     print(f"{checkpoint}: {args.episodes} episodes of {cfg.env.id} at epsilon {args.epsilon:g}, cut at "
           f"{args.max_episode_frames:,} frames ({time.strftime('%Y-%m-%d')})", flush=True)
-    print(f"  {'envs':>4} {'wall s':>8} {'CPU s':>8} {'score':>7}", flush=True)
+    print(f"  {'envs':>4} {'wall s':>8} {'CPU s':>8} {'score':>7}   episodes", flush=True)
     for envs in (int(n) for n in args.envs.split(",")):
         env = make_vector_env(env_cfg, envs, seed=args.seed)
         started, cpu = time.perf_counter(), time.process_time()
@@ -54,7 +55,7 @@ def main() -> None:
         finally:
             env.close()
         print(f"  {envs:>4} {time.perf_counter() - started:>8.1f} {time.process_time() - cpu:>8.1f} "
-              f"{sum(scores) / len(scores):>7.2f}", flush=True)
+              f"{sum(scores) / len(scores):>7.2f}   {' '.join(f'{score:g}' for score in sorted(scores))}", flush=True)
 
 
 if __name__ == "__main__":
