@@ -8,7 +8,9 @@ to reach each score, and where the wall time went.
 Each seed runs alone, one after another, as `./launch/local.sh CONFIG run.seed=S run.name=<prefix>-s<S>
 [overrides]`, and is stopped (SIGINT: a final checkpoint, then exit) after `--minutes` of wall time, or as soon as
 an evaluation reaches `--stop-at`. Time to a score is the run's clock from the launch of the command to the end of
-the first evaluation round whose mean score reached it, so start-up and evaluation are inside it.
+the first evaluation round whose mean score reached it, so start-up and evaluation are inside it. Ctrl-C or SIGTERM
+to this script (also where it was started in the background of a script), or SIGINT to the run by hand, stops that
+seed as its time limit would, runs no further seed and prints the table of what ran (exit code 130).
 
 Where the time went, for each run (from its summary.json and TensorBoard events): start-up (launch to the first
 chunk in replay, and to the first update), the share of wall time the learner spent in updates, the CPU use of the
@@ -59,10 +61,12 @@ class Faults(NamedTuple):
 
 
 def run_one(config: str, seed: int, name: str, overrides: list[str], limit_s: float, stop_at: float | None,
-            log: Path, faults: Faults = Faults()) -> tuple[float, float]:
+            log: Path, faults: Faults = Faults()) -> tuple[float, float, bool]:
     """Runs one seed to its time limit (wall time from its first launch) or its score, killing what `faults` says
     when it says (a killed learner's run is resumed with run.resume=true); returns time.time() at the first launch,
-    and the wall seconds from there to the end."""
+    the wall seconds from there to the end, and whether the run was interrupted (this script was sent SIGINT or
+    SIGTERM, or the run was stopped with SIGINT from outside), in which case it was stopped as at its time limit."""
+    interrupted = False
     argv = [str(ROOT / "launch/local.sh"), config, f"run.seed={seed}", f"run.name={name}", *overrides]
     launched = time.time()
     due = {"collector": faults.collector_at_s, "learner": faults.learner_at_s}
@@ -92,9 +96,14 @@ def run_one(config: str, seed: int, name: str, overrides: list[str], limit_s: fl
                     if stop_at is not None and progress.reached(stop_at):
                         print(f"  reached {stop_at:g}: stopping the run", flush=True)
                         break
+            except KeyboardInterrupt:
+                interrupted = True
             finally:
-                _stop(process)
-            if process.returncode in (0, -signal.SIGINT, 128 + signal.SIGINT) or time.time() - launched >= limit_s:
+                stopped_here = _stop(process)
+            # Ended by a SIGINT that did not come from here: someone stopped the run by hand.
+            interrupted |= not stopped_here and process.returncode in (-signal.SIGINT, 128 + signal.SIGINT)
+            if interrupted or process.returncode in (0, -signal.SIGINT, 128 + signal.SIGINT) \
+                    or time.time() - launched >= limit_s:
                 break
             print(f"  the run stopped (exit code {process.returncode}) {duration(time.time() - launched)} from launch; "
                   f"resuming it in {faults.downtime_s:g} s", flush=True)
@@ -102,7 +111,7 @@ def run_one(config: str, seed: int, name: str, overrides: list[str], limit_s: fl
             argv = [*argv, "run.resume=true"] if "run.resume=true" not in argv else argv
     if process.returncode not in (0, -signal.SIGINT, 128 + signal.SIGINT):
         print(f"  exited with code {process.returncode}; its output: {log}", flush=True)
-    return launched, time.time() - launched
+    return launched, time.time() - launched, interrupted
 
 
 def _kill(name: str, role: str) -> int:
@@ -116,14 +125,21 @@ def _kill(name: str, role: str) -> int:
     return int(pids[0])
 
 
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGINT)   # the learner saves its final checkpoint and summary
-        try:
-            process.wait(timeout=300)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+def _stop(process: subprocess.Popen) -> bool:
+    """Stops the run if it still runs (True) as its time limit does; False when it had ended by itself."""
+    if process.poll() is not None:
+        return False
+    process.send_signal(signal.SIGINT)   # the learner saves its final checkpoint and summary
+    try:
+        process.wait(timeout=300)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    return True
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 class Progress:
@@ -205,6 +221,10 @@ def main() -> int:
         parser.error(f"--minutes must be > 0, got {args.minutes}")
     if not (ROOT / args.config).is_file() and not Path(args.config).is_file():
         parser.error(f"no such config: {args.config}")
+    # Ctrl-C or SIGTERM stops the seed that runs and ends the benchmark with what it has, also where this was started
+    # in the background of a script, which inherits SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
     prefix = args.prefix or f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     results: dict[str, list[EvalPoint]] = {}
     for seed in seeds:
@@ -212,12 +232,18 @@ def main() -> int:
         folder = runs_dir() / name
         faults = Faults(None if args.kill_collector_at is None else 60 * args.kill_collector_at,
                         None if args.kill_learner_at is None else 60 * args.kill_learner_at, args.downtime)
-        launched, wall = run_one(args.config, seed, name, args.overrides, 60 * args.minutes, args.stop_at,
-                                 runs_dir() / f"{name}.log", faults)
+        launched, wall, interrupted = run_one(args.config, seed, name, args.overrides, 60 * args.minutes,
+                                              args.stop_at, runs_dir() / f"{name}.log", faults)
+        later = seeds[seeds.index(seed) + 1:]
+        if interrupted:
+            print(f"  interrupted {duration(wall)} from launch: seed {seed} stopped"
+                  + (f", seeds {','.join(map(str, later))} not run" if later else ""), flush=True)
         try:
             results[name] = read_evals(folder)
         except PlotError as e:
             print(f"  {e}", flush=True)
+            if interrupted:
+                break
             continue
         print(f"  {duration(wall)} from launch to exit; " + where_time_went(folder), flush=True)
         if faults != Faults():
@@ -227,11 +253,13 @@ def main() -> int:
                     print(f"  reached {score:g} {duration(point.logged_at - launched)} from the first launch in wall "
                           f"time ({duration(point.seconds)} on the run's clock), at {point.env_steps:,} env steps",
                           flush=True)
+        if interrupted:
+            break
     if not results:
         return 1
     print()
     print(table(results, args.scores))
-    return 0
+    return 130 if interrupted else 0
 
 
 if __name__ == "__main__":

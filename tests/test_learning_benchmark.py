@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -40,3 +42,41 @@ def test_the_learning_benchmark_kills_resumes_and_reports_time_to_a_score(tmp_pa
     assert float(found[1]) == round(summary["first_data_s"] - summary["resumed_at_s"], 1)
     assert float(found[2]) == round(summary["training_start_s"] - summary["resumed_at_s"], 1)
     assert out.splitlines()[-1].startswith("bench-s1 ")
+
+
+def _wait_for_first_evaluation(run: Path, process: subprocess.Popen, timeout_s: float = 180) -> None:
+    deadline = time.time() + timeout_s
+    while not any(run.glob("events.out.tfevents.*")) or "eval at" not in _read(run.with_suffix(".log")):
+        assert process.poll() is None and time.time() < deadline, f"no evaluation in {run}"
+        time.sleep(1)
+
+
+def _read(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("who", ["the benchmark", "the run, by hand"])
+def test_an_interrupted_seed_ends_the_benchmark_with_what_it_has(tmp_path, who):
+    """SIGINT to the benchmark, even started where SIGINT is ignored (the background of a script), or to the run by
+    hand, stops that seed as its time limit would, runs no further seed, and prints the table of what ran."""
+    env = dict(os.environ, RL_DQN_RUNS_DIR=str(tmp_path), RL_DQN_PYTHON=sys.executable)
+    process = subprocess.Popen(
+        [sys.executable, "benchmarks/learning.py", "configs/smoke.yaml", "--prefix", "stop", "--seeds", "1,2",
+         "--minutes", "3", "--scores", "-30", "train.total_env_steps=1000000", "eval.video=false"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        _wait_for_first_evaluation(tmp_path / "stop-s1", process)
+        if who == "the benchmark":
+            process.send_signal(signal.SIGINT)
+        else:
+            subprocess.run(["pkill", "-INT", "-f", "rl_dqn local .*run.name=stop-s1( |$)"], check=True)
+        out, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 130, out[-3000:] + err[-3000:]
+    assert re.search(r"interrupted \S+ from launch: seed 1 stopped, seeds 2 not run", out), out
+    assert not (tmp_path / "stop-s2").exists() and "Traceback" not in err, err
+    assert json.loads((tmp_path / "stop-s1/summary.json").read_text())["env_steps"] > 0
+    assert out.splitlines()[-1].startswith("stop-s1 ")
