@@ -64,7 +64,7 @@ def test_an_interrupted_seed_ends_the_benchmark_with_what_it_has(tmp_path, who):
     process = subprocess.Popen(
         [sys.executable, "benchmarks/learning.py", "configs/smoke.yaml", "--prefix", "stop", "--seeds", "1,2",
          "--minutes", "3", "--scores", "-30", "train.total_env_steps=1000000", "eval.video=false"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         _wait_for_first_evaluation(tmp_path / "stop-s1", process)
@@ -74,7 +74,10 @@ def test_an_interrupted_seed_ends_the_benchmark_with_what_it_has(tmp_path, who):
             subprocess.run(["pkill", "-INT", "-f", "rl_dqn local .*run.name=stop-s1( |$)"], check=True)
         out, err = process.communicate(timeout=120)
     finally:
-        process.kill()
+        try:
+            os.killpg(process.pid, signal.SIGKILL)   # the benchmark and any run it left behind, whatever happened
+        except ProcessLookupError:
+            pass
     assert process.returncode == 130, out[-3000:] + err[-3000:]
     assert re.search(r"interrupted \S+ from launch: seed 1 stopped, seeds 2 not run", out), out
     assert not (tmp_path / "stop-s2").exists() and "Traceback" not in err, err
