@@ -239,12 +239,7 @@ class TrainConfig:
         _require(self.lr > 0.0, "train.lr", f"must be > 0, got {self.lr}")
         _require(self.lr_end is None or self.lr_end > 0.0, "train.lr_end",
                  f"must be > 0 or null (train.lr throughout), got {self.lr_end}")
-        _require(self.lr_decay_start_env_steps >= 0, "train.lr_decay_start_env_steps",
-                 f"must be >= 0, got {self.lr_decay_start_env_steps}")
-        lr_decay_end = self.lr_decay_end_env_steps or self.total_env_steps
-        _require(self.lr_decay_end_env_steps >= 0 and lr_decay_end > self.lr_decay_start_env_steps,
-                 "train.lr_decay_end_env_steps", f"must be 0 (train.total_env_steps) or > "
-                 f"train.lr_decay_start_env_steps ({self.lr_decay_start_env_steps}), got {self.lr_decay_end_env_steps}")
+        self._require_decay_span("lr")
         _require(self.adam_eps > 0.0, "train.adam_eps", f"must be > 0, got {self.adam_eps}")
         _require(self.max_grad_norm > 0.0, "train.max_grad_norm", f"must be > 0, got {self.max_grad_norm}")
         _require(self.target_update_updates >= 1, "train.target_update_updates",
@@ -253,13 +248,7 @@ class TrainConfig:
         _require(self.n_step_end is None or 1 <= self.n_step_end <= self.n_step, "train.n_step_end",
                  f"must be from 1 to train.n_step ({self.n_step}) or null (train.n_step throughout), "
                  f"got {self.n_step_end}")
-        _require(self.n_step_decay_start_env_steps >= 0, "train.n_step_decay_start_env_steps",
-                 f"must be >= 0, got {self.n_step_decay_start_env_steps}")
-        n_step_decay_end = self.n_step_decay_end_env_steps or self.total_env_steps
-        _require(self.n_step_decay_end_env_steps >= 0 and n_step_decay_end > self.n_step_decay_start_env_steps,
-                 "train.n_step_decay_end_env_steps", f"must be 0 (train.total_env_steps) or > "
-                 f"train.n_step_decay_start_env_steps ({self.n_step_decay_start_env_steps}), "
-                 f"got {self.n_step_decay_end_env_steps}")
+        self._require_decay_span("n_step")
         _require(self.priority_alpha >= 0.0, "train.priority_alpha", f"must be >= 0, got {self.priority_alpha}")
         _require(0.0 <= self.priority_beta <= 1.0, "train.priority_beta",
                  f"must be in [0, 1], got {self.priority_beta}")
@@ -267,6 +256,14 @@ class TrainConfig:
                  "train.priority_beta_env_steps", f"must be 0 (train.total_env_steps) or > train.learning_starts "
                  f"({self.learning_starts}), got {self.priority_beta_env_steps}")
         _require(self.priority_eps > 0.0, "train.priority_eps", f"must be > 0, got {self.priority_eps}")
+
+    def _require_decay_span(self, name: str) -> None:
+        """train.<name>_decay_start_env_steps >= 0, and train.<name>_decay_end_env_steps 0 or after it."""
+        start_key, end_key = f"{name}_decay_start_env_steps", f"{name}_decay_end_env_steps"
+        start, end = getattr(self, start_key), getattr(self, end_key)
+        _require(start >= 0, f"train.{start_key}", f"must be >= 0, got {start}")
+        _require(end >= 0 and (end or self.total_env_steps) > start, f"train.{end_key}",
+                 f"must be 0 (train.total_env_steps) or > train.{start_key} ({start}), got {end}")
 
 
 @dataclass(frozen=True)
