@@ -10,7 +10,8 @@ Each seed runs alone, one after another, as `./launch/local.sh CONFIG run.seed=S
 an evaluation reaches `--stop-at`. Time to a score is the run's clock from the launch of the command to the end of
 the first evaluation round whose mean score reached it, so start-up and evaluation are inside it. Ctrl-C or SIGTERM
 to this script (also where it was started in the background of a script), or SIGINT to the run by hand, stops that
-seed as its time limit would, runs no further seed and prints the table of what ran (exit code 130).
+seed as its time limit would, runs no further seed and prints the table of what ran (exit code 130); between a
+killed learner and its resumption (below) it resumes nothing, and the run stays at its last checkpoint.
 
 Where the time went, for each run (from its summary.json and TensorBoard events): start-up (launch to the first
 chunk in replay, and to the first update), the share of wall time the learner spent in updates, the CPU use of the
@@ -107,7 +108,11 @@ def run_one(config: str, seed: int, name: str, overrides: list[str], limit_s: fl
                 break
             print(f"  the run stopped (exit code {process.returncode}) {duration(time.time() - launched)} from launch; "
                   f"resuming it in {faults.downtime_s:g} s", flush=True)
-            time.sleep(faults.downtime_s)
+            try:
+                time.sleep(faults.downtime_s)
+            except KeyboardInterrupt:   # the run stays stopped at its last checkpoint; run.resume=true goes on
+                interrupted = True
+                break
             argv = [*argv, "run.resume=true"] if "run.resume=true" not in argv else argv
     if process.returncode not in (0, -signal.SIGINT, 128 + signal.SIGINT):
         print(f"  exited with code {process.returncode}; its output: {log}", flush=True)
@@ -163,6 +168,8 @@ class Progress:
 def where_time_went(run_dir: Path) -> str:
     """One line: start-up, the learner's share of time in updates, CPU by role, evaluation (see the module's doc for
     a resumed run)."""
+    if not (run_dir / "summary.json").exists():   # a learner killed and not resumed writes none
+        return f"no {run_dir / 'summary.json'}: its learner did not exit by itself"
     summary = json.loads((run_dir / "summary.json").read_text())
     resumed = summary.get("resumed_at_s", 0.0)
     wall = summary["wall_s"] - resumed

@@ -83,3 +83,35 @@ def test_an_interrupted_seed_ends_the_benchmark_with_what_it_has(tmp_path, who):
     assert not (tmp_path / "stop-s2").exists() and "Traceback" not in err, err
     assert json.loads((tmp_path / "stop-s1/summary.json").read_text())["env_steps"] > 0
     assert out.splitlines()[-1].startswith("stop-s1 ")
+
+
+@pytest.mark.slow
+def test_an_interrupt_between_a_killed_learner_and_its_resumption_ends_the_benchmark(tmp_path):
+    """SIGINT while the benchmark waits to resume a run whose learner it killed: it resumes nothing, runs no further
+    seed and prints the table of what ran, instead of raising out of its wait."""
+    env = dict(os.environ, RL_DQN_RUNS_DIR=str(tmp_path), RL_DQN_PYTHON=sys.executable)
+    stdout = tmp_path / "benchmark.out"
+    with open(stdout, "w") as out:
+        process = subprocess.Popen(
+            [sys.executable, "benchmarks/learning.py", "configs/smoke.yaml", "--prefix", "down", "--seeds", "1,2",
+             "--minutes", "3", "--kill-learner-at", "0.6", "--downtime", "120", "--scores", "-30",
+             "train.total_env_steps=1000000", "learner.checkpoint_every_updates=20", "eval.video=false"],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 180
+        while "resuming it in 120 s" not in _read(stdout):
+            assert process.poll() is None and time.time() < deadline, _read(stdout)
+            time.sleep(1)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)   # well within the downtime: the wait itself was cut short
+    finally:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    out = _read(stdout)
+    assert process.returncode == 130, out[-3000:] + err[-3000:]
+    assert re.search(r"interrupted \S+ from launch: seed 1 stopped, seeds 2 not run", out), out
+    assert "run.resume=true" not in out and "Traceback" not in err, err
+    assert not (tmp_path / "down-s2").exists()
+    assert out.splitlines()[-1].startswith("down-s1 ")
