@@ -55,6 +55,14 @@ def _read(path: Path) -> str:
     return path.read_text() if path.exists() else ""
 
 
+def _kill_group(process: subprocess.Popen) -> None:
+    """SIGKILLs the benchmark's session: it and any run it left behind, whatever happened."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("who", ["the benchmark", "the run, by hand"])
 def test_an_interrupted_seed_ends_the_benchmark_with_what_it_has(tmp_path, who):
@@ -74,10 +82,7 @@ def test_an_interrupted_seed_ends_the_benchmark_with_what_it_has(tmp_path, who):
             subprocess.run(["pkill", "-INT", "-f", "rl_dqn local .*run.name=stop-s1( |$)"], check=True)
         out, err = process.communicate(timeout=120)
     finally:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)   # the benchmark and any run it left behind, whatever happened
-        except ProcessLookupError:
-            pass
+        _kill_group(process)
     assert process.returncode == 130, out[-3000:] + err[-3000:]
     assert re.search(r"interrupted \S+ from launch: seed 1 stopped, seeds 2 not run", out), out
     assert not (tmp_path / "stop-s2").exists() and "Traceback" not in err, err
@@ -105,10 +110,7 @@ def test_an_interrupt_between_a_killed_learner_and_its_resumption_ends_the_bench
         process.send_signal(signal.SIGINT)
         _, err = process.communicate(timeout=60)   # well within the downtime: the wait itself was cut short
     finally:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _kill_group(process)
     out = _read(stdout)
     assert process.returncode == 130, out[-3000:] + err[-3000:]
     assert re.search(r"interrupted \S+ from launch: seed 1 stopped, seeds 2 not run", out), out
