@@ -3,9 +3,11 @@ denormal floats flushed to zero.
 
     python benchmarks/network.py [--seconds 2]
 
-For the Nature and NIPS torsos (6 actions, float32), with frames and kernels channels-last and in the plain layout:
-a forward and backward pass at batch 32 (what the learner's training thread does per update) and a forward pass
-alone at batch 32, 20 and 8 (the learner's next observations, an evaluation round's 20 envs, a collector's 8).
+For the Nature and NIPS torsos (6 actions), in float32 and, where this CPU computes it natively, in bfloat16
+(network.precision), with frames and kernels channels-last and in the plain layout: a forward and backward pass at
+batch 32 (what the learner's training thread does per update) and a forward pass alone at batch 32, 20 and 8 (the
+learner's next observations, an evaluation round's 20 envs, a collector's 8), each from uint8 frames as the
+learner's batches come.
 Then Adam's fused step over the NIPS network's parameters with ordinary moment estimates, and with moments that
 have decayed into the denormal range (below 1.2e-38) as they do for a weight whose gradient stays zero, each with
 denormals computed and flushed to zero. One thread, so that the figures are a single core's; alternate rows of one
@@ -15,6 +17,7 @@ run compare, since these machines are noisy.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 import time
@@ -25,7 +28,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rl_dqn.network import QNetwork  # noqa: E402
+from rl_dqn.network import QNetwork, fast_bfloat16  # noqa: E402
 from rl_dqn.system import keep_freed_memory  # noqa: E402
 
 
@@ -40,22 +43,23 @@ def ms_per_call(call, seconds: float) -> float:
 
 
 def layouts(args) -> None:
-    print(f"  {'torso':<7} {'layout':<13} {'fwd+bwd 32':>11} {'fwd 32':>8} {'fwd 20':>8} {'fwd 8':>8}   (ms)")
-    for torso in ("nature", "nips"):
-        for channels_last in (True, False):
-            torch.manual_seed(0)
-            network = QNetwork((4, 84, 84), 6, torso=torso).set_layout(channels_last)
-            frames = {b: torch.randint(0, 256, (b, 4, 84, 84), dtype=torch.uint8) for b in (32, 20, 8)}
+    precisions = ("fp32", "bf16") if fast_bfloat16("cpu")[0] else ("fp32",)
+    print(f"  {'torso':<7} {'precision':<9} {'layout':<13} {'fwd+bwd 32':>11} {'fwd 32':>8} {'fwd 20':>8} "
+          f"{'fwd 8':>8}   (ms)")
+    for torso, precision, channels_last in itertools.product(("nature", "nips"), precisions, (True, False)):
+        torch.manual_seed(0)
+        network = QNetwork((4, 84, 84), 6, torso=torso, precision=precision).set_layout(channels_last)
+        frames = {b: torch.randint(0, 256, (b, 4, 84, 84), dtype=torch.uint8) for b in (32, 20, 8)}
 
-            def train():
-                network.zero_grad(set_to_none=True)
-                network(frames[32]).sum().backward()
-            row = [ms_per_call(train, args.seconds)]
-            with torch.no_grad():
-                row += [ms_per_call(lambda b=b: network(frames[b]), args.seconds) for b in (32, 20, 8)]
-            layout = "channels-last" if channels_last else "plain"
-            print(f"  {torso:<7} {layout:<13} " + " ".join(f"{v:>8.2f}" if i else f"{v:>11.2f}"
-                                                           for i, v in enumerate(row)), flush=True)
+        def train():
+            network.zero_grad(set_to_none=True)
+            network(frames[32]).sum().backward()
+        row = [ms_per_call(train, args.seconds)]
+        with torch.no_grad():
+            row += [ms_per_call(lambda b=b: network(frames[b]), args.seconds) for b in (32, 20, 8)]
+        layout = "channels-last" if channels_last else "plain"
+        cells = " ".join(f"{v:>8.2f}" if i else f"{v:>11.2f}" for i, v in enumerate(row))
+        print(f"  {torso:<7} {precision:<9} {layout:<13} {cells}", flush=True)
 
 
 def adam(args) -> None:
@@ -79,7 +83,7 @@ def main() -> None:
     args = parser.parse_args()
     keep_freed_memory()
     torch.set_num_threads(1)
-    print(f"rl_dqn Q-network on one thread of {os.cpu_count()} CPU cores, torch {torch.__version__}, float32 "
+    print(f"rl_dqn Q-network on one thread of {os.cpu_count()} CPU cores, torch {torch.__version__} "
           f"({time.strftime('%Y-%m-%d')})", flush=True)
     layouts(args)
     adam(args)

@@ -50,6 +50,16 @@ def resolve_precision(precision: str, device: torch.device | str) -> str:
     return "bf16" if fast_bfloat16(device)[0] else "fp32"
 
 
+def trains_channels_last(precision: str, device: torch.device | str) -> bool:
+    """Whether the trained network keeps its frames and convolution kernels channels-last on `device` in `precision`
+    (`fp32` or `bf16`, as resolved): on a CPU only in float32. In bfloat16 writing a batch's uint8 frames into the
+    channels-last layout costs more than its convolutions gain (1.35 ms for a batch of 32 against 0.26 plain): on one
+    core of an AMD EPYC with AVX512-BF16 a forward and backward pass of the NIPS torso at batch 32 took 5.9 ms plain
+    against 8.2 in bfloat16, and 10.4 against 8.5 in float32 (`python benchmarks/network.py`, docs/pong_cpu.md). On a
+    GPU channels-last, the layout its tensor cores' convolutions take (not measured here)."""
+    return precision == "fp32" or torch.device(device).type == "cuda"
+
+
 def describe_precision(precision: str, device: torch.device | str) -> tuple[str, str | None]:
     """What network.precision comes to on `device`, in words for a role's first line, and a warning where an
     explicit bf16 will be emulated there."""
@@ -112,8 +122,8 @@ class QNetwork(nn.Module):
         self.set_layout(channels_last=self.is_image)
 
     def set_layout(self, channels_last: bool) -> QNetwork:
-        """Frames and convolution kernels channels-last in memory (for training), or in the plain layout (for
-        acting). The values are the same up to the order of sums (oneDNN may sum in another order in each layout);
+        """Frames and convolution kernels channels-last in memory (for training in float32, see
+        trains_channels_last()), or in the plain layout (for acting, and for training in bfloat16 on a CPU). The values are the same up to the order of sums (oneDNN may sum in another order in each layout);
         its convolutions are faster one way or the other: measured on one CPU core in float32 with the NIPS torso, a
         forward and backward pass of batch 32 took 6.6 ms channels-last against 8.7, while a forward pass alone of
         batch 20 took 2.1 ms against 1.6 (docs/pong_cpu.md)."""
@@ -125,10 +135,11 @@ class QNetwork(nn.Module):
     def for_env(cls, obs_shape: tuple[int, ...], num_actions: int, network_cfg, device: torch.device | str
                 ) -> QNetwork:
         """The network that `network_cfg` (a config's `network` section) describes, on `device`, computing in the
-        precision network.precision gives there."""
+        precision network.precision gives there, in the layout it trains fastest in there (trains_channels_last())."""
         precision = resolve_precision(network_cfg.precision, device)
-        return cls(obs_shape, num_actions, network_cfg.mlp_hidden, network_cfg.dueling, precision,
-                   network_cfg.torso).to(device)
+        network = cls(obs_shape, num_actions, network_cfg.mlp_hidden, network_cfg.dueling, precision,
+                      network_cfg.torso).to(device)
+        return network.set_layout(channels_last=trains_channels_last(precision, device))
 
     def for_acting(self) -> QNetwork:
         """This network in eval mode for forward passes only (collectors, evaluation, play, the learner's target

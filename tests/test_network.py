@@ -10,7 +10,8 @@ from pathlib import Path
 
 import torch
 
-from rl_dqn.network import QNetwork, describe_precision, resolve_precision
+from rl_dqn.config import NetworkConfig
+from rl_dqn.network import QNetwork, describe_precision, resolve_precision, trains_channels_last
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -127,6 +128,25 @@ def test_a_trained_network_is_channels_last_an_acting_one_plain_and_both_give_th
         other.load_state_dict({k: v.contiguous() for k, v in net.state_dict().items()})
         with torch.no_grad():
             assert torch.equal(other(obs), net(obs))
+
+
+def test_the_configs_network_trains_channels_last_in_float32_and_plain_in_bfloat16_on_a_cpu_with_the_same_values():
+    torch.manual_seed(0)
+    obs = torch.randint(0, 256, (8, 4, 84, 84), dtype=torch.uint8)
+    networks = {precision: QNetwork.for_env((4, 84, 84), 6, NetworkConfig(torso="nips", precision=precision), "cpu")
+                for precision in ("fp32", "bf16")}
+    assert networks["fp32"].inputs(obs).is_contiguous(memory_format=torch.channels_last)
+    assert not networks["bf16"].inputs(obs).is_contiguous(memory_format=torch.channels_last)
+    assert all(m.weight.is_contiguous() for m in networks["bf16"].torso if isinstance(m, torch.nn.Conv2d))
+    assert trains_channels_last("fp32", "cpu") and not trains_channels_last("bf16", "cpu")
+    assert trains_channels_last("bf16", "cuda")   # a GPU's tensor cores take channels-last (not run here)
+    channels_last = QNetwork((4, 84, 84), 6, precision="bf16", torso="nips")   # the same weights, channels-last
+    channels_last.load_state_dict(networks["bf16"].state_dict())
+    for network in (networks["bf16"], channels_last):   # the same values and gradients, up to bfloat16's rounding
+        network(obs).square().mean().backward()
+    torch.testing.assert_close(networks["bf16"](obs), channels_last(obs), atol=0.02, rtol=0.02)
+    for (name, plain), (_, other) in zip(networks["bf16"].named_parameters(), channels_last.named_parameters()):
+        torch.testing.assert_close(plain.grad, other.grad.contiguous(), atol=2e-3, rtol=0.05, msg=name)
 
 
 # How network.precision resolves on the CPU, in a process of its own with the CPU features PyTorch may use narrowed
