@@ -405,6 +405,12 @@ class EvalConfig:
     env.sticky_action_prob"""
     torch_threads: int = 1
     """torch intra-op threads of the evaluation process"""
+    ema_updates: int = 0
+    """the evaluator plays an exponential moving average of the online network's weights over about this many
+    updates (each update moves it 1/ema_updates of the way to the new weights) instead of the weights as they are,
+    and checkpoints/best.pt keeps the average that scored: weight averaging smooths out the update-to-update noise
+    that makes a DQN's score swing and forget a good policy (Nikishin et al. 2018,
+    https://openreview.net/forum?id=h_pqG28iST0). Collectors act with the online weights either way; 0 = none"""
     stop_score: float | None = None
     """the run ends (final checkpoint and summary, as at train.total_env_steps) after the first evaluation round whose
     mean score reaches this, e.g. 475 for CartPole-v1 or 18 for Pong; null, or no evaluations (eval.every_env_steps 0)
@@ -428,6 +434,7 @@ class EvalConfig:
                  f"must be >= 0, got {self.max_episode_frames}")
         _require(0.0 <= self.epsilon <= 1.0, "eval.epsilon", f"must be in [0, 1], got {self.epsilon}")
         _require(self.torch_threads >= 1, "eval.torch_threads", f"must be >= 1, got {self.torch_threads}")
+        _require(self.ema_updates >= 0, "eval.ema_updates", f"must be >= 0 (0 = none), got {self.ema_updates}")
 
 
 @dataclass(frozen=True)

@@ -176,8 +176,9 @@ class Learner:
     # ------------------------------------------------------------------------------------------ evaluation
 
     def _evaluate(self) -> None:
-        """Logs a finished evaluation round, and starts one with the current weights every eval.every_env_steps
-        (when the previous round is still playing, as soon as it is done)."""
+        """Logs a finished evaluation round, and starts one with the current weights (or their moving average,
+        eval.ema_updates) every eval.every_env_steps (when the previous round is still playing, as soon as it is
+        done)."""
         try:
             if self.evaluator is None:
                 self.evaluator = Evaluator(self.cfg)
@@ -185,7 +186,7 @@ class Learner:
                 self._evaluated(result)
             env_steps = self.intake.env_steps
             if not self.evaluator.busy and env_steps >= self.next_eval:
-                state = {k: v.detach().to("cpu", copy=True) for k, v in self.trainer.network.state_dict().items()}
+                state = self.trainer.evaluated_weights()
                 self.evaluator.submit(state, env_steps, self.report.elapsed(), self.weights_version)
                 self.eval_state = state
                 self.next_eval = env_steps + self.cfg.eval.every_env_steps

@@ -49,6 +49,8 @@ class Trainer:
                                    initial_priority=t.initial_priority)
         self.generator = torch.Generator(device).manual_seed(cfg.run.seed)
         self.updates = 0
+        # eval.ema_updates: a moving average of the online network's parameters, which the evaluator plays.
+        self.averaged = [p.detach().clone() for p in self.network.parameters()] if cfg.eval.ema_updates else None
         # learner.overlap: the helper thread prepares the next batch during an update (see step()).
         self._helper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="learner-batches") \
             if cfg.learner.overlap else None
@@ -92,6 +94,8 @@ class Trainer:
         for group in self.optimizer.param_groups:   # a float: the fused step reads it, no recompilation
             group["lr"] = lr
         self.optimizer.step()
+        if self.averaged is not None:   # one fused pass over all parameters
+            torch._foreach_lerp_(self.averaged, list(self.network.parameters()), 1.0 / self.cfg.eval.ema_updates)
         if self._prepared is not None:
             concurrent.futures.wait([self._prepared])
         self.updates += 1
@@ -142,13 +146,22 @@ class Trainer:
         (the transport sends it as it is, or a CPU copy to a collector it cannot reach GPU to GPU)."""
         return Weights(version, {k: v.detach().clone() for k, v in self.network.state_dict().items()})
 
+    def evaluated_weights(self) -> dict[str, torch.Tensor]:
+        """What the evaluator plays, as a CPU state dict of the online network: its weights, or their moving
+        average with eval.ema_updates."""
+        state = self.network.state_dict()
+        if self.averaged is not None:
+            state |= dict(zip((name for name, _ in self.network.named_parameters()), self.averaged))
+        return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+
     def state(self) -> dict:
-        """Networks, optimizer and the sampling generator (with `updates`, all a resumed trainer needs): it draws
-        the batch that this one has prepared but not trained on yet."""
+        """Networks, optimizer, the sampling generator and the weights' moving average if any (with `updates`, all a
+        resumed trainer needs): it draws the batch that this one has prepared but not trained on yet."""
         return {"network": self.network.state_dict(), "target": self.target.state_dict(),
                 "optimizer": self.optimizer.state_dict(),
                 "generator": self._generator_before_prepared if self._prepared is not None
-                else self.generator.get_state()}
+                else self.generator.get_state(),
+                "averaged": self.averaged}
 
     def load_state(self, state: dict, updates: int) -> bool:
         """Continues from state() after `updates` updates. Returns False when its generator was another kind of
@@ -157,6 +170,9 @@ class Trainer:
         self.network.load_state_dict(state["network"])
         self.target.load_state_dict(state["target"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.averaged is not None:   # a run that had none (or an older checkpoint) starts one from the weights
+            for average, saved in zip(self.averaged, state.get("averaged") or self.network.parameters()):
+                average.copy_(saved.detach())
         self.updates = updates
         self._take_prepared()
         if state["generator"].numel() == self.generator.get_state().numel():

@@ -75,6 +75,7 @@ def test_overrides_convert_like_a_person_means_them(tmp_path):
     ("network.torso=resnet", "network.torso", "one of nature, nips"),
     ("network.precision=fp16", "network.precision", "one of auto, fp32, bf16"),
     ("eval.envs=0", "eval.envs", ">= 1"),
+    ("eval.ema_updates=-1", "eval.ema_updates", ">= 0 (0 = none)"),
     ("eval.screen_episodes=-1", "eval.screen_episodes", "0 (off) or 1 to eval.episodes - 1"),
     ("eval.screen_episodes=2", "eval.screen_episodes", "1 to eval.episodes - 1 (1)"),
     ("transport.tensorpipe_channels=[cuda_ipc]", "transport.tensorpipe_channels", "at least one of cma, mpt_uv, basic"),

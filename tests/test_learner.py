@@ -303,6 +303,49 @@ def test_the_best_evaluated_network_is_kept_with_its_score(tmp_path):
     assert cfg.env.id == "CartPole-v1" and network.head.out_features == 2
 
 
+def test_the_evaluator_plays_the_moving_average_of_the_weights_which_a_resumed_run_continues(tmp_path):
+    learner = make_learner(tmp_path, "eval.ema_updates=4", "eval.every_env_steps=60")
+    learner.ingest(chain_chunk(0, 0, episodes=30))
+    trainer = learner.trainer
+    expected = [p.detach().clone() for p in trainer.network.parameters()]   # the average starts at the weights
+    for _ in range(6):
+        learner.step()
+        expected = [e + (p.detach() - e) / 4 for e, p in zip(expected, trainer.network.parameters())]
+    played = trainer.evaluated_weights()
+    names = [name for name, _ in trainer.network.named_parameters()]
+    assert set(played) == set(trainer.network.state_dict())
+    for name, value in zip(names, expected):
+        torch.testing.assert_close(played[name], value, rtol=1e-6, atol=1e-7)
+        assert not torch.allclose(played[name], trainer.network.state_dict()[name])   # not the online weights
+    try:
+        learner._evaluate()   # what an evaluation round is given (and best.pt would keep)
+        assert all(torch.equal(learner.eval_state[k], v) for k, v in played.items())
+    finally:
+        learner.close_evaluator()
+    # Without eval.ema_updates it plays the online weights as they are.
+    online = make_learner(tmp_path / "online")
+    online.ingest(chain_chunk(0, 0, episodes=30))
+    online.step()
+    assert all(torch.equal(v, online.trainer.network.state_dict()[k])
+               for k, v in online.trainer.evaluated_weights().items())
+    # A resumed run goes on from the saved average; a checkpoint without one starts it from the weights.
+    path = learner.save_checkpoint()
+    fresh = make_learner(tmp_path / "again", "eval.ema_updates=4")
+    fresh.restore(path)
+    assert all(torch.equal(fresh.trainer.evaluated_weights()[k], v) for k, v in played.items())
+    fresh.step()
+    learner.step()
+    assert all(torch.equal(fresh.trainer.evaluated_weights()[k], v)
+               for k, v in learner.trainer.evaluated_weights().items())
+    state = torch.load(path, weights_only=True)
+    state["averaged"] = None
+    torch.save(state, path)
+    fresh = make_learner(tmp_path / "older", "eval.ema_updates=4")
+    fresh.restore(path)
+    assert all(torch.equal(fresh.trainer.evaluated_weights()[k], v)
+               for k, v in fresh.trainer.network.state_dict().items())
+
+
 def test_the_first_evaluation_that_reaches_eval_stop_score_ends_the_run(tmp_path, capsys):
     learner = make_learner(tmp_path, "eval.every_env_steps=60", "eval.stop_score=20")
     for env_steps, scores in [(60, [10.0, 20.0]), (120, [19.0, 20.0])]:
