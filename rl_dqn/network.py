@@ -123,8 +123,9 @@ class QNetwork(nn.Module):
 
     def set_layout(self, channels_last: bool) -> QNetwork:
         """Frames and convolution kernels channels-last in memory (for training in float32, see
-        trains_channels_last()), or in the plain layout (for acting, and for training in bfloat16 on a CPU). The values are the same up to the order of sums (oneDNN may sum in another order in each layout);
-        its convolutions are faster one way or the other: measured on one CPU core in float32 with the NIPS torso, a
+        trains_channels_last()), or in the plain layout (for acting, and for training in bfloat16 on a CPU). The
+        values are the same up to the order of sums (oneDNN may sum in another order in each layout); its
+        convolutions are faster one way or the other: measured on one CPU core in float32 with the NIPS torso, a
         forward and backward pass of batch 32 took 6.6 ms channels-last against 8.7, while a forward pass alone of
         batch 20 took 2.1 ms against 1.6 (docs/pong_cpu.md)."""
         self.channels_last = channels_last and self.is_image
