@@ -39,6 +39,7 @@ SPEC = EnvSpec(obs_shape=(4, 84, 84), obs_dtype=torch.uint8, num_actions=6)
 SETUPS = {
     "NIPS, PER, 10-step, fp32": ("pong_cpu.yaml", ["network.precision=fp32"]),
     "NIPS, PER, 10-step, bf16": ("pong_cpu.yaml", ["network.precision=bf16"]),
+    "NIPS, PER, 10-step, bf16, Nature target": ("pong_cpu.yaml", ["network.precision=bf16", "train.double=false"]),
     "uniform, 1-step, fp32": ("pong.yaml", ["network.precision=fp32"]),
     "uniform, 1-step, bf16": ("pong.yaml", ["network.precision=bf16"]),
     "PER, 3-step, dueling, fp32": ("pong_apex.yaml", ["network.precision=fp32"]),
@@ -137,7 +138,7 @@ def main() -> None:
     gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
     print(f"rl_dqn learner on {os.cpu_count()} CPU cores{gpu}, torch {torch.__version__}, replay "
           f"{args.replay:,} Pong transitions ({time.strftime('%Y-%m-%d')})", flush=True)
-    print(f"  {'device':<6} {'replay and network':<28} {'overlap':>7} {'batch':>5} {'updates/s':>10} "
+    print(f"  {'device':<6} {'replay and network':<40} {'overlap':>7} {'batch':>5} {'updates/s':>10} "
           f"{'samples/s':>10} {'CPU ms':>8} {'sampling share':>15}", flush=True)
     for device in args.devices.split(","):
         for label, (config, overrides) in SETUPS.items():
@@ -150,7 +151,7 @@ def main() -> None:
                         learner = filled_learner(config, [*overrides, setting], device, batch, args.replay,
                                                  Path(run_dir))
                         step, cpu, sample = measure(learner, args.seconds)
-                        print(f"  {device:<6} {label:<28} {overlap:>7} {batch:>5} {1 / step:>10,.1f} "
+                        print(f"  {device:<6} {label:<40} {overlap:>7} {batch:>5} {1 / step:>10,.1f} "
                               f"{batch / step:>10,.0f} {cpu * 1e3:>8.1f} {sample / step:>14.0%}", flush=True)
                         if args.profile:
                             print(profile(learner, args.profile), flush=True)

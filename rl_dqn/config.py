@@ -201,6 +201,9 @@ class TrainConfig:
     """gradients are clipped to this global L2 norm"""
     target_update_updates: int = 250
     """updates between copies of the online network into the target network"""
+    double: bool = True
+    """Double DQN's target, the target network's value of the online network's greedy action in s'; false:
+    Nature DQN's, the target network's greedy value, which skips the online network's pass over s'"""
     n_step: int = 3
     """steps of reward summed before bootstrapping (1 = one-step DQN); shorter where an episode ends first (until
     n_step_decay_start_env_steps when n_step_end is set)"""

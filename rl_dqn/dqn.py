@@ -1,4 +1,5 @@
-"""The DQN math as small pure functions: exploration schedules, action choice, the Double DQN target and loss."""
+"""The DQN math as small pure functions: exploration schedules, action choice, the DQN and Double DQN targets, the
+loss."""
 
 from __future__ import annotations
 
@@ -39,6 +40,11 @@ def double_dqn_target(returns: torch.Tensor, discounts: torch.Tensor, next_q_onl
     next_actions = next_q_online.argmax(dim=1, keepdim=True)
     next_values = next_q_target.gather(1, next_actions).squeeze(1)
     return returns + discounts * next_values
+
+
+def dqn_target(returns: torch.Tensor, discounts: torch.Tensor, next_q_target: torch.Tensor) -> torch.Tensor:
+    """R + discount * max_a Q_target(s', a) (Mnih et al. 2015), with R and the discount as in double_dqn_target()."""
+    return returns + discounts * next_q_target.max(dim=1).values
 
 
 def td_loss(q_taken: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:

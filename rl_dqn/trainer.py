@@ -1,4 +1,4 @@
-"""Double DQN on a replay memory: the networks, the optimizer, the replay and its sampling, and step(), one update.
+"""(Double) DQN on a replay memory: the networks, the optimizer, the replay and its sampling, and step(), one update.
 It knows nothing of collectors, transports, metrics or files; the learner role wires it to them."""
 
 from __future__ import annotations
@@ -63,23 +63,26 @@ class Trainer:
         self._summed = 0
 
     def step(self, env_steps: int) -> Update:
-        """One Double DQN update on an n-step batch, drawn uniformly or by priority (then weighted by importance
-        and re-prioritized by its TD errors), `env_steps` into the run.
+        """One update (Double DQN's, or with train.double false Nature DQN's) on an n-step batch, drawn uniformly
+        or by priority (then weighted by importance and re-prioritized by its TD errors), `env_steps` into the run.
 
-        With learner.overlap the helper thread computes the online network's values of s' while this thread
-        computes those of s, then samples the next batch and evaluates the target network on it while this one
-        runs the backward pass and the optimizer. Each side runs whole operations on its own cores, which on a
+        With learner.overlap the helper thread computes the online network's values of s' (Double DQN's) while this
+        thread computes those of s, then samples the next batch and evaluates the target network on it while this
+        one runs the backward pass and the optimizer. Each side runs whole operations on its own cores, which on a
         small CPU wastes less than splitting every operation over all of them. The helper is idle again when
         step() returns, so replay inserts, checkpoints and target refreshes never run beside it."""
         t = self.cfg.train
         self._env_steps = env_steps
         batch, next_inputs, next_target = self._take_prepared() or self._prepare_batch()
-        if self._helper is not None:
+        if self._helper is not None and t.double:
             next_online = self._helper.submit(self._online_values, next_inputs)
         q = self.network(batch.obs).gather(1, batch.actions[:, None]).squeeze(1)
         with torch.no_grad():
-            online = next_online.result() if self._helper is not None else self._online_values(next_inputs)
-            targets = dqn.double_dqn_target(batch.returns, batch.discounts, online, next_target)
+            if t.double:
+                online = next_online.result() if self._helper is not None else self._online_values(next_inputs)
+                targets = dqn.double_dqn_target(batch.returns, batch.discounts, online, next_target)
+            else:
+                targets = dqn.dqn_target(batch.returns, batch.discounts, next_target)
         loss = dqn.td_loss(q, targets, batch.weights if t.prioritized else None)
         self.replay.update_priorities(batch.index, q.detach() - targets)   # before the next batch is drawn
         # Not across a target refresh: the prepared batch's targets would come from the old target network.

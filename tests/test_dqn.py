@@ -18,6 +18,14 @@ def test_double_dqn_target_by_hand():
     assert targets.tolist() == pytest.approx([19.0, 0.0, -1 + 0.81 * 7])
 
 
+def test_dqn_target_by_hand():
+    returns = torch.tensor([1.0, 0.0, -1.0])
+    discounts = torch.tensor([0.9, 0.0, 0.81])
+    next_q_target = torch.tensor([[10.0, 20.0], [30.0, 40.0], [7.0, 8.0]])
+    # the target network's own greedy value in each s': 20, (terminal), 8
+    assert dqn.dqn_target(returns, discounts, next_q_target).tolist() == pytest.approx([19.0, 0.0, -1 + 0.81 * 8])
+
+
 def test_huber_loss_by_hand():
     loss = dqn.td_loss(torch.tensor([0.0, 3.0]), torch.tensor([0.5, 0.0]))
     assert loss.item() == pytest.approx((0.5 * 0.5 ** 2 + (3.0 - 0.5)) / 2)

@@ -14,7 +14,7 @@ from envs import EnvSpec
 from rl_dqn.config import load_config
 from rl_dqn.evaluate import EvalResult, load_player
 from rl_dqn.learner import Learner
-from rl_dqn.trainer import torch_threads
+from rl_dqn.trainer import Trainer, torch_threads
 from rl_dqn.types import Chunk
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,6 +115,28 @@ def test_updates_learn_the_chain_values(tmp_path, device):
     assert q[1].tolist() == pytest.approx([1.0, 1.0], abs=0.05)
     assert q[0].tolist() == pytest.approx([0.9, 0.9], abs=0.05)     # gamma x Q(s1): it bootstraps
     assert learner.trainer.updates == 600
+
+
+def test_nature_dqn_targets_learn_the_chain_values_with_or_without_overlap(tmp_path, monkeypatch):
+    """train.double=false: the target network's greedy value bootstraps s0 (one-step returns, so it does), the
+    online network never evaluates s', and preparing batches beside training changes no update there either."""
+    def no_online_pass(*args):
+        raise AssertionError("the online network evaluated s' for a Nature DQN target")
+    monkeypatch.setattr(Trainer, "_online_values", no_online_pass)
+    learners = [make_learner(tmp_path / flag, "train.double=false", "train.n_step=1", f"learner.overlap={flag}")
+                for flag in ("true", "false")]
+    for learner in learners:
+        for seq in range(4):
+            learner.ingest(chain_chunk(seq % 2, seq // 2, episodes=10))
+        for _ in range(600):
+            learner.step()
+    overlapped, plain = learners
+    assert all(torch.equal(x, y) for x, y in zip(overlapped.trainer.network.parameters(),
+                                                  plain.trainer.network.parameters()))
+    with torch.no_grad():
+        q = overlapped.trainer.network(torch.tensor([[S0], [S1]]))
+    assert q[1].tolist() == pytest.approx([1.0, 1.0], abs=0.05)
+    assert q[0].tolist() == pytest.approx([0.9, 0.9], abs=0.05)
 
 
 def test_target_network_follows_every_target_update_updates(tmp_path):
