@@ -234,6 +234,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     prefix = args.prefix or f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     results: dict[str, list[EvalPoint]] = {}
+    runs_dir().mkdir(parents=True, exist_ok=True)   # RL_DQN_RUNS_DIR may name a folder not made yet
     for seed in seeds:
         name = f"{prefix}-s{seed}"
         folder = runs_dir() / name
