@@ -79,7 +79,7 @@ class QNetwork(nn.Module):
     a dueling head (Wang et al. 2016, https://arxiv.org/abs/1511.06581).
 
     Observations are `[B, stack, *frame_shape]` in their stored dtype; uint8 frames are scaled to [0, 1] here
-    (`inputs()`) so that collectors and the replay memory keep bytes.
+    (`inputs()`), or to [-0.5, 0.5] with `centered_frames`, so that collectors and the replay memory keep bytes.
 
     With `precision="bf16"` the torso and the hidden layers of the head run under autocast in bfloat16 while the
     parameters stay float32; the output layers always run in float32, because bfloat16 keeps about 3 significant
@@ -87,9 +87,11 @@ class QNetwork(nn.Module):
     """
 
     def __init__(self, obs_shape: tuple[int, ...], num_actions: int, mlp_hidden: tuple[int, ...] = (256, 256),
-                 dueling: bool = False, precision: str = "fp32", torso: str = "nature"):
+                 dueling: bool = False, precision: str = "fp32", torso: str = "nature",
+                 centered_frames: bool = False):
         super().__init__()
         self.is_image = len(obs_shape) == 3
+        self.frame_offset = 0.5 if centered_frames else 0.0
         self.dueling = dueling
         self.compute_dtype = PRECISIONS[precision]
         if self.is_image:
@@ -139,7 +141,7 @@ class QNetwork(nn.Module):
         precision network.precision gives there, in the layout it trains fastest in there (trains_channels_last())."""
         precision = resolve_precision(network_cfg.precision, device)
         network = cls(obs_shape, num_actions, network_cfg.mlp_hidden, network_cfg.dueling, precision,
-                      network_cfg.torso).to(device)
+                      network_cfg.torso, network_cfg.centered_frames).to(device)
         return network.set_layout(channels_last=trains_channels_last(precision, device))
 
     def for_acting(self) -> QNetwork:
@@ -154,13 +156,15 @@ class QNetwork(nn.Module):
 
     def inputs(self, obs: torch.Tensor) -> torch.Tensor:
         """What the first layer takes: uint8 frames scaled to [0, 1] in the compute dtype and the network's layout,
-        in one pass over the batch (the division in float32, stored in bfloat16 under bf16), other observations as
-        float32. forward() calls it; a caller that feeds one batch to two networks (the learner's s' to the online
-        and the target network) calls it once and passes its result, which it returns unchanged."""
+        in one pass over the batch (the division in float32, stored in bfloat16 under bf16), with centered_frames
+        less 0.5 in place; other observations as float32. forward() calls it; a caller that feeds one batch to two
+        networks (the learner's s' to the online and the target network) calls it once and passes its result, which
+        it returns unchanged."""
         if obs.dtype == torch.uint8:
             layout = torch.channels_last if self.channels_last and obs.dim() == 4 else torch.contiguous_format
             scaled = torch.empty(obs.shape, dtype=self.compute_dtype, device=obs.device, memory_format=layout)
-            return torch.div(obs, 255.0, out=scaled)
+            torch.div(obs, 255.0, out=scaled)
+            return scaled.sub_(self.frame_offset) if self.frame_offset else scaled
         return obs if obs.dtype == self.compute_dtype else obs.float()
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:

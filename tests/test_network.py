@@ -10,7 +10,8 @@ from pathlib import Path
 
 import torch
 
-from rl_dqn.config import NetworkConfig
+from rl_dqn.config import NetworkConfig, load_config, to_dict
+from rl_dqn.evaluate import load_player
 from rl_dqn.network import QNetwork, describe_precision, resolve_precision, trains_channels_last
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,6 +149,28 @@ def test_the_configs_network_trains_channels_last_in_float32_and_plain_in_bfloat
     for (name, plain), (_, other) in zip(networks["bf16"].named_parameters(), channels_last.named_parameters()):
         torch.testing.assert_close(plain.grad, other.grad.contiguous(), atol=2e-3, rtol=0.05, msg=name)
 
+
+def test_centered_frames_enter_the_network_less_one_half_and_a_checkpoint_keeps_the_setting(tmp_path):
+    torch.manual_seed(0)
+    obs = torch.randint(0, 256, (8, 4, 84, 84), dtype=torch.uint8)
+    for precision, atol in (("fp32", 0.0), ("bf16", 4e-3)):
+        plain, centered = (QNetwork.for_env((4, 84, 84), 6, NetworkConfig(torso="nips", precision=precision,
+                                                                          centered_frames=c), "cpu")
+                           for c in (False, True))
+        for network in (centered, QNetwork((4, 84, 84), 6, precision=precision, torso="nips",
+                                           centered_frames=True).for_acting()):
+            torch.testing.assert_close(network.inputs(obs).float(), obs.float() / 255 - 0.5, atol=atol, rtol=0)
+        torch.testing.assert_close(plain.inputs(obs).float(), obs.float() / 255, atol=atol, rtol=0)
+        centered.load_state_dict(plain.state_dict())   # the same weights see other inputs
+        assert not torch.allclose(centered(obs), plain(obs))
+    cfg = load_config(ROOT / "configs/pong_cpu.yaml", ["network.centered_frames=true"])
+    trained = QNetwork.for_env((4, 84, 84), 6, cfg.network, "cpu")
+    checkpoint = tmp_path / "checkpoint.pt"
+    torch.save({"config": to_dict(cfg), "spec": {"obs_shape": [4, 84, 84], "num_actions": 6},
+                "network": trained.state_dict()}, checkpoint)
+    _, player = load_player(checkpoint)
+    assert player.frame_offset == 0.5
+    torch.testing.assert_close(player(obs), trained.for_acting()(obs))
 
 # How network.precision resolves on the CPU, in a process of its own with the CPU features PyTorch may use narrowed
 # by environment variables (as on a laptop with AVX2 only).
