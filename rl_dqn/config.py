@@ -119,10 +119,11 @@ class NetworkConfig:
     centered_frames: bool = False
     """uint8 frames enter the network scaled to [-0.5, 0.5] instead of [0, 1]. Most of an Atari screen is one flat
     background (Pong: 83% of its pixels within 1% of one grey), which in [0, 1] gives every first-layer filter a
-    large input of one sign; in `configs/pong_cpu.yaml`'s runs 10-12 of the NIPS torso's 16 first-layer filters
-    were below zero on every screen after 2,000 updates, most of them within the first 400 (a ReLU passes such a
-    filter no gradient, so it stays dead), and none were left in the runs that never learned; centred, all 16
-    lived (docs/pong_cpu.md). A checkpoint's network is read back with its own run's setting"""
+    large input of one sign; in `configs/pong_cpu.yaml`'s runs with frames in [0, 1], 10-12 of the NIPS torso's 16
+    first-layer filters were below zero on every screen after 2,000 updates, most of them within the first 400 (a
+    ReLU passes such a filter no gradient, so it stays dead), and none were left in the runs that never learned;
+    centred, all 16 lived, and Adam's rate could double (docs/pong_cpu.md). A checkpoint's network is read back
+    with its own run's setting"""
 
     def __post_init__(self):
         _require(len(self.mlp_hidden) >= 1 and all(h >= 1 for h in self.mlp_hidden), "network.mlp_hidden",
