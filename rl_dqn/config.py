@@ -116,14 +116,17 @@ class NetworkConfig:
     """`bf16`: the torso and hidden layers compute in bfloat16 under autocast (parameters, optimizer and the
     output layers stay float32); `fp32`: everything in float32; `auto`: each process picks bf16 where its device
     computes it fast (CUDA GPUs of compute capability 8.0 or newer, CPUs with AVX512-BF16 or AMX), else fp32"""
-    centered_frames: bool = False
-    """uint8 frames enter the network scaled to [-0.5, 0.5] instead of [0, 1]. Most of an Atari screen is one flat
-    background (Pong: 83% of its pixels within 1% of one grey), which in [0, 1] gives every first-layer filter a
-    large input of one sign; in `configs/pong_cpu.yaml`'s runs with frames in [0, 1], 10-12 of the NIPS torso's 16
-    first-layer filters were below zero on every screen after 2,000 updates, most of them within the first 400 (a
-    ReLU passes such a filter no gradient, so it stays dead), and none were left in the runs that never learned;
-    centred, all 16 lived, and Adam's rate could double (docs/pong_cpu.md). A checkpoint's network is read back
-    with its own run's setting"""
+    frame_offset: Literal["none", "half", "background"] = "none"
+    """what is taken off uint8 frames after scaling them to [0, 1] on their way into the network: `none`; `half`,
+    0.5 (frames in [-0.5, 0.5]); `background`, each observation's background, the most common pixel value of its
+    newest frame, so that the background enters as 0 in any game. Most of an Atari screen is one flat background
+    (Pong: 83% of its pixels one grey, 0.34; Breakout: 62% black), and a background far from 0 gives every
+    first-layer filter a large input of one sign everywhere: in `configs/pong_cpu.yaml`'s runs with frames in [0, 1],
+    10-12 of the NIPS torso's 16 first-layer filters were below zero on every screen after 2,000 updates (a ReLU
+    passes such a filter no gradient, so it stays dead), none were left in the runs that never learned, and with
+    `half` all 16 lived and Adam's rate could double; on Breakout `half` puts the black background at -0.5 and the
+    second layer lost 13-14 of its 32 filters (docs/pong_cpu.md). A checkpoint's network is read back with its own
+    run's setting"""
 
     def __post_init__(self):
         _require(len(self.mlp_hidden) >= 1 and all(h >= 1 for h in self.mlp_hidden), "network.mlp_hidden",
@@ -585,6 +588,10 @@ def from_dict(raw: dict[str, Any]) -> Config:
             raise ConfigError(section, f"must be a mapping of keys, got {values!r}")
         cls = SECTIONS[section]
         hints = typing.get_type_hints(cls)
+        if section == "network" and "centered_frames" in values:   # its name in the configs of 2026-11-27
+            values = {k: v for k, v in values.items() if k != "centered_frames"} | {
+                "frame_offset": "half" if _convert("network.centered_frames", values["centered_frames"], bool)
+                else "none"}
         kwargs = {}
         for name, value in values.items():
             key = f"{section}.{name}"

@@ -74,12 +74,23 @@ def describe_precision(precision: str, device: torch.device | str) -> tuple[str,
     return chosen, None
 
 
+def background(frames: torch.Tensor) -> torch.Tensor:
+    """The most common pixel value of the newest frame of each uint8 observation `[..., stack, height, width]`, shaped
+    `[..., 1, 1, 1]` (the lowest value where two are as common): the flat background that covers most of an Atari
+    screen, whatever its colour. One histogram of 256 bins per observation, counted for the whole batch at once."""
+    newest = frames[..., -1, :, :].reshape(-1, frames.shape[-2] * frames.shape[-1]).long()
+    bins = torch.arange(newest.shape[0], device=frames.device).unsqueeze(1) * 256
+    counts = torch.bincount((newest + bins).flatten(), minlength=newest.shape[0] * 256).view(-1, 256)
+    return counts.argmax(dim=1).to(torch.uint8).view(frames.shape[:-3] + (1, 1, 1))
+
+
 class QNetwork(nn.Module):
     """A CNN for stacked 84x84 frames (`torso`: one of TORSOS), or an MLP for vector observations, with a plain or
     a dueling head (Wang et al. 2016, https://arxiv.org/abs/1511.06581).
 
-    Observations are `[B, stack, *frame_shape]` in their stored dtype; uint8 frames are scaled to [0, 1] here
-    (`inputs()`), or to [-0.5, 0.5] with `centered_frames`, so that collectors and the replay memory keep bytes.
+    Observations are `[B, stack, *frame_shape]` in their stored dtype; uint8 frames are scaled to [0, 1] here, less
+    `frame_offset` (network.frame_offset: `none`, `half` or `background`; see `inputs()`), so that collectors and the
+    replay memory keep bytes.
 
     With `precision="bf16"` the torso and the hidden layers of the head run under autocast in bfloat16 while the
     parameters stay float32; the output layers always run in float32, because bfloat16 keeps about 3 significant
@@ -88,10 +99,12 @@ class QNetwork(nn.Module):
 
     def __init__(self, obs_shape: tuple[int, ...], num_actions: int, mlp_hidden: tuple[int, ...] = (256, 256),
                  dueling: bool = False, precision: str = "fp32", torso: str = "nature",
-                 centered_frames: bool = False):
+                 frame_offset: str = "none"):
         super().__init__()
         self.is_image = len(obs_shape) == 3
-        self.frame_offset = 0.5 if centered_frames else 0.0
+        if frame_offset not in ("none", "half", "background"):
+            raise ValueError(f"frame_offset must be none, half or background, got {frame_offset!r}")
+        self.frame_offset = frame_offset
         self.dueling = dueling
         self.compute_dtype = PRECISIONS[precision]
         if self.is_image:
@@ -141,7 +154,7 @@ class QNetwork(nn.Module):
         precision network.precision gives there, in the layout it trains fastest in there (trains_channels_last())."""
         precision = resolve_precision(network_cfg.precision, device)
         network = cls(obs_shape, num_actions, network_cfg.mlp_hidden, network_cfg.dueling, precision,
-                      network_cfg.torso, network_cfg.centered_frames).to(device)
+                      network_cfg.torso, network_cfg.frame_offset).to(device)
         return network.set_layout(channels_last=trains_channels_last(precision, device))
 
     def for_acting(self) -> QNetwork:
@@ -156,15 +169,21 @@ class QNetwork(nn.Module):
 
     def inputs(self, obs: torch.Tensor) -> torch.Tensor:
         """What the first layer takes: uint8 frames scaled to [0, 1] in the compute dtype and the network's layout,
-        in one pass over the batch (the division in float32, stored in bfloat16 under bf16), with centered_frames
-        less 0.5 in place; other observations as float32. forward() calls it; a caller that feeds one batch to two
+        in one pass over the batch (the division in float32, stored in bfloat16 under bf16), then frame_offset taken
+        off in place: 0.5 (`half`), or each observation's background (`background()`, scaled the same way, so that
+        its pixels enter as exactly 0); other observations as float32. forward() calls it; a caller that feeds one batch to two
         networks (the learner's s' to the online and the target network) calls it once and passes its result, which
         it returns unchanged."""
         if obs.dtype == torch.uint8:
             layout = torch.channels_last if self.channels_last and obs.dim() == 4 else torch.contiguous_format
             scaled = torch.empty(obs.shape, dtype=self.compute_dtype, device=obs.device, memory_format=layout)
             torch.div(obs, 255.0, out=scaled)
-            return scaled.sub_(self.frame_offset) if self.frame_offset else scaled
+            if self.frame_offset == "half":
+                scaled.sub_(0.5)
+            elif self.frame_offset == "background":
+                offset = torch.empty(obs.shape[:-3] + (1, 1, 1), dtype=self.compute_dtype, device=obs.device)
+                scaled.sub_(torch.div(background(obs), 255.0, out=offset))
+            return scaled
         return obs if obs.dtype == self.compute_dtype else obs.float()
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:

@@ -8,11 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
-from rl_dqn.config import NetworkConfig, load_config, to_dict
+from rl_dqn.config import ConfigError, NetworkConfig, from_dict, load_config, to_dict
 from rl_dqn.evaluate import load_player
-from rl_dqn.network import QNetwork, describe_precision, resolve_precision, trains_channels_last
+from rl_dqn.network import QNetwork, background, describe_precision, resolve_precision, trains_channels_last
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -150,27 +151,51 @@ def test_the_configs_network_trains_channels_last_in_float32_and_plain_in_bfloat
         torch.testing.assert_close(plain.grad, other.grad.contiguous(), atol=2e-3, rtol=0.05, msg=name)
 
 
-def test_centered_frames_enter_the_network_less_one_half_and_a_checkpoint_keeps_the_setting(tmp_path):
+def test_frame_offsets_take_half_or_each_observations_background_off_and_a_checkpoint_keeps_the_setting(tmp_path):
     torch.manual_seed(0)
     obs = torch.randint(0, 256, (8, 4, 84, 84), dtype=torch.uint8)
-    for precision, atol in (("fp32", 0.0), ("bf16", 4e-3)):
-        plain, centered = (QNetwork.for_env((4, 84, 84), 6, NetworkConfig(torso="nips", precision=precision,
-                                                                          centered_frames=c), "cpu")
-                           for c in (False, True))
-        for network in (centered, QNetwork((4, 84, 84), 6, precision=precision, torso="nips",
-                                           centered_frames=True).for_acting()):
-            torch.testing.assert_close(network.inputs(obs).float(), obs.float() / 255 - 0.5, atol=atol, rtol=0)
-        torch.testing.assert_close(plain.inputs(obs).float(), obs.float() / 255, atol=atol, rtol=0)
-        centered.load_state_dict(plain.state_dict())   # the same weights see other inputs
-        assert not torch.allclose(centered(obs), plain(obs))
-    cfg = load_config(ROOT / "configs/pong_cpu.yaml", ["network.centered_frames=true"])
+    obs[:4, :, 20:] = 87    # a Pong-grey background under most of the newest frame
+    obs[4:, :, 30:] = 0     # a black one
+    obs[7, -1, :50] = 142   # the newest frame is what counts: its most common value is 142 (50 rows against 34)
+    expected_background = torch.tensor([87] * 4 + [0] * 3 + [142], dtype=torch.float32).view(8, 1, 1, 1)
+    assert torch.equal(background(obs).float(), expected_background)
+    assert background(obs[0]).shape == (1, 1, 1)   # one observation, unbatched
+    offsets = {"none": 0.0, "half": 0.5, "background": expected_background / 255}
+    for precision, atol in (("fp32", 1e-6), ("bf16", 4e-3)):
+        networks = {offset: QNetwork.for_env((4, 84, 84), 6, NetworkConfig(torso="nips", precision=precision,
+                                                                           frame_offset=offset), "cpu")
+                    for offset in offsets}
+        for offset, network in networks.items():
+            for net in (network, QNetwork((4, 84, 84), 6, precision=precision, torso="nips",
+                                          frame_offset=offset).for_acting()):
+                inputs = net.inputs(obs)
+                assert inputs.dtype == net.compute_dtype
+                torch.testing.assert_close(inputs.float(), obs.float() / 255 - offsets[offset], atol=atol, rtol=0)
+                if offset == "background":   # the background enters as exactly 0, whatever the precision
+                    assert torch.all(inputs[obs == expected_background.to(torch.uint8).expand_as(obs)] == 0)
+        for offset in ("half", "background"):   # the same weights see other inputs
+            networks[offset].load_state_dict(networks["none"].state_dict())
+            assert not torch.allclose(networks[offset](obs), networks["none"](obs))
+    with pytest.raises(ValueError, match="frame_offset must be none, half or background"):
+        QNetwork((4, 84, 84), 6, frame_offset="mean")
+    cfg = load_config(ROOT / "configs/pong_cpu.yaml", ["network.frame_offset=background"])
     trained = QNetwork.for_env((4, 84, 84), 6, cfg.network, "cpu")
     checkpoint = tmp_path / "checkpoint.pt"
     torch.save({"config": to_dict(cfg), "spec": {"obs_shape": [4, 84, 84], "num_actions": 6},
                 "network": trained.state_dict()}, checkpoint)
     _, player = load_player(checkpoint)
-    assert player.frame_offset == 0.5
+    assert player.frame_offset == "background"
     torch.testing.assert_close(player(obs), trained.for_acting()(obs))
+
+
+def test_the_key_centered_frames_of_earlier_configs_and_checkpoints_reads_as_frame_offset():
+    assert from_dict({"network": {"centered_frames": True}}).network.frame_offset == "half"
+    assert from_dict({"network": {"centered_frames": False, "torso": "nips"}}).network.frame_offset == "none"
+    with pytest.raises(ConfigError, match="network.centered_frames: must be true or false"):
+        from_dict({"network": {"centered_frames": "yes"}})
+    with pytest.raises(ConfigError, match="network.frame_offset: must be one of none, half, background"):
+        from_dict({"network": {"frame_offset": "mean"}})
+
 
 # How network.precision resolves on the CPU, in a process of its own with the CPU features PyTorch may use narrowed
 # by environment variables (as on a laptop with AVX2 only).
