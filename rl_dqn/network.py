@@ -76,9 +76,11 @@ def describe_precision(precision: str, device: torch.device | str) -> tuple[str,
 
 def background(frames: torch.Tensor) -> torch.Tensor:
     """The most common pixel value of the newest frame of each uint8 observation `[..., stack, height, width]`, shaped
-    `[..., 1, 1, 1]` (the lowest value where two are as common): the flat background that covers most of an Atari
-    screen, whatever its colour. One histogram of 256 bins per observation, counted for the whole batch at once."""
-    newest = frames[..., -1, :, :].reshape(-1, frames.shape[-2] * frames.shape[-1]).long()
+    `[..., 1, 1, 1]` (the lowest value where two are as common), on a grid of every 4th pixel each way (441 of an
+    84x84 frame's 7,056): the flat background that covers most of an Atari screen, whatever its colour. One
+    histogram of 256 bins per observation, counted for the whole batch at once; over every pixel it took 3-4 ms for a
+    batch of 32 on one CPU core, as long as the rest of the scaling, over the grid about 0.1 ms."""
+    newest = frames[..., -1, ::4, ::4].reshape(-1, ((frames.shape[-2] + 3) // 4) * ((frames.shape[-1] + 3) // 4)).long()
     bins = torch.arange(newest.shape[0], device=frames.device).unsqueeze(1) * 256
     counts = torch.bincount((newest + bins).flatten(), minlength=newest.shape[0] * 256).view(-1, 256)
     return counts.argmax(dim=1).to(torch.uint8).view(frames.shape[:-3] + (1, 1, 1))
