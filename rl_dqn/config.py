@@ -117,16 +117,16 @@ class NetworkConfig:
     output layers stay float32); `fp32`: everything in float32; `auto`: each process picks bf16 where its device
     computes it fast (CUDA GPUs of compute capability 8.0 or newer, CPUs with AVX512-BF16 or AMX), else fp32"""
     frame_offset: Literal["none", "half", "background"] = "none"
-    """what is taken off uint8 frames after scaling them to [0, 1] on their way into the network: `none`; `half`,
-    0.5 (frames in [-0.5, 0.5]); `background`, each observation's background, the most common pixel value of its
-    newest frame (counted on every 4th pixel each way), so that the background enters as 0 in any game. Most of an Atari screen is one flat background
-    (Pong: 83% of its pixels one grey, 0.34; Breakout: 62% black), and a background far from 0 gives every
-    first-layer filter a large input of one sign everywhere: in `configs/pong_cpu.yaml`'s runs with frames in [0, 1],
-    10-12 of the NIPS torso's 16 first-layer filters were below zero on every screen after 2,000 updates (a ReLU
-    passes such a filter no gradient, so it stays dead), none were left in the runs that never learned, and with
-    `half` all 16 lived and Adam's rate could double; on Breakout `half` puts the black background at -0.5 and the
-    second layer lost 13-15 of its 32 filters (docs/pong_cpu.md). A checkpoint's network is read back with its own
-    run's setting"""
+    """what is taken off uint8 frames after scaling them to [0, 1] on their way into the network: `none`; `half`, 0.5
+    (frames in [-0.5, 0.5]); `background`, each observation's background, the most common pixel value of its newest
+    frame (counted on every 4th pixel each way), so that the background enters as 0 in any game. Most of an Atari
+    screen is one flat background (Pong: 83% of its pixels one grey, 0.34; Breakout: 62% black), and a background
+    far from 0 gives every first-layer filter a large input of one sign everywhere: in `configs/pong_cpu.yaml`'s
+    runs with frames in [0, 1], 10-12 of the NIPS torso's 16 first-layer filters were below zero on every screen
+    after 2,000 updates (a ReLU passes such a filter no gradient, so it stays dead), none were left in the runs that
+    never learned, and with `half` all 16 lived and Adam's rate could double; on Breakout `half` puts the black
+    background at -0.5 and the second layer lost 13-15 of its 32 filters (docs/pong_cpu.md). A checkpoint's network
+    is read back with its own run's setting"""
 
     def __post_init__(self):
         _require(len(self.mlp_hidden) >= 1 and all(h >= 1 for h in self.mlp_hidden), "network.mlp_hidden",
