@@ -113,7 +113,7 @@ def test_a_hung_collector_is_dropped_and_replaced_when_it_wakes(runs):
     """SIGSTOP: the learner's ping times out (5 s quiet + transport.rpc_timeout_s); it trains on with the other
     collector. Woken up, the dropped process learns from its next answer that it is out, exits, and is replaced."""
     console = Console(launch("local.sh", "configs/smoke.yaml", "run.name=hang", *LONG, "transport.rpc_timeout_s=3"))
-    console.wait_for("[learner] env steps", timeout=90)
+    console.wait_for("[learner] collector1 joined (process 1 of its slot)", timeout=90)
     victim = pid_of("hang", 1)
     time.sleep(3)
     os.kill(victim, signal.SIGSTOP)
@@ -175,7 +175,9 @@ def test_sigint_on_a_collector_node_ends_it_and_the_learner_trains_on(runs):
     cluster, _ = two_nodes("sigint", *LONG)
     learner = Console(launch("learner.sh", "configs/smoke.yaml", *cluster))
     collectors = Console(launch("collector.sh", "configs/smoke.yaml", *cluster, "cluster.rank=1"))
-    learner.wait_for("[learner] env steps", timeout=90)
+    # Both collectors joined first: a node stopped before its collectors join leaves nothing for the learner to see.
+    learner.wait_for("[learner] collector0 joined", timeout=90)
+    learner.wait_for("[learner] collector1 joined", timeout=30)
     sent = time.monotonic()
     collectors.process.send_signal(signal.SIGINT)
     assert collectors.finish(40) == 128 + signal.SIGINT and time.monotonic() - sent < 30
