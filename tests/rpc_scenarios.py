@@ -92,7 +92,8 @@ def contract_learner(port: int, kind: str, events) -> None:
         for version in (1, 2):
             # Pushed to both (the first weights went out with their admission, as a CPU copy).
             events.put(("learner", f"published v{version} to", transport.publish(weights(version, kind))))
-            time.sleep(0.5)
+            # Delivered before the next version (publish() skips a collector still receiving the previous one).
+            _wait(lambda: all(f.done() for f in transport._publishing.values()), 20, f"v{version} delivered")
         transport.stop_collectors(timeout=10)
         events.put(("learner", "lost", dict(transport.lost)))
     finally:
@@ -322,8 +323,8 @@ def bad_sender(port: int, events, sender_done) -> None:
         transport.send(good._replace(seq=1, frames=torch.full((T, E, 4), 5.0)))
         events.put(("sender", "good after bad", True))
     finally:
+        transport.close()   # waits for the answers to the chunks sent, before the learner is told to stop
         sender_done.set()
-        transport.close()
 
 
 def rpc_call(message):

@@ -76,7 +76,7 @@ def smoke(tmp_path_factory) -> tuple[Path, str]:
     console output."""
     runs = tmp_path_factory.mktemp("runs")
     env = dict(os.environ, RL_DQN_RUNS_DIR=str(runs), RL_DQN_PYTHON=sys.executable)
-    code, output = finish(launch("local.sh", "configs/smoke.yaml", "run.name=smoke", env=env), timeout=120)
+    code, output = finish(launch("local.sh", "configs/smoke.yaml", "run.name=smoke", env=env), timeout=300)
     assert code == 0, output[-3000:]
     return runs / "smoke", output
 
@@ -294,13 +294,13 @@ def test_a_collector_node_started_later_joins_a_running_learner(runs):
     """Collectors join whenever they come: a second collector node starts after the run has been training."""
     port = free_port()
     cluster = [f"cluster.init_method=tcp://127.0.0.1:{port}", "cluster.world_size=3", "cluster.interface=lo",
-               "collectors.count=1", "run.name=later", "train.total_env_steps=6000"]
+               "collectors.count=1", "run.name=later", "train.total_env_steps=12000"]
     learner = launch("learner.sh", "configs/smoke.yaml", *cluster)
     first = launch("collector.sh", "configs/smoke.yaml", *cluster, "cluster.rank=1")
     wait_for(lambda: (runs / "later").exists() and scalars(runs / "later").get("learner/loss"), timeout=90,
              what="training with one collector")
     second = launch("collector.sh", "configs/smoke.yaml", *cluster, "cluster.rank=2")
-    code, output = finish(learner, timeout=120)
+    code, output = finish(learner, timeout=240)
     assert code == 0, output[-3000:]
     assert "[learner] collector1 joined (process 1 of its slot)" in output
     for node in (first, second):

@@ -79,7 +79,7 @@ def test_a_killed_collector_is_replaced_while_the_learner_trains_on(runs):
     # A linear epsilon schedule: the new process must take it up where the run stands, not from its start.
     console = Console(launch("local.sh", "configs/smoke.yaml", "run.name=kill", *LONG, "collectors.exploration=linear",
                              "collectors.epsilon_decay_env_steps=1000", "collectors.epsilon_end=0.05"))
-    console.wait_for("[learner] env steps", timeout=90)
+    console.wait_for("[learner] collector1 joined (process 1 of its slot)", timeout=90)
     victim = pid_of("kill", 1)
     wait_for(lambda: len(scalars(runs / "kill").get("learner/loss", [])) >= 2, timeout=60, what="training")
     replay_before = scalars(runs / "kill")["learner/replay_size"][-1]
@@ -87,13 +87,14 @@ def test_a_killed_collector_is_replaced_while_the_learner_trains_on(runs):
     killed = time.monotonic()
     console.wait_for("[learner] collector1 lost: ", timeout=15, after=killed)
     console.wait_for("collector1 died (killed by SIGKILL); starting a new process (restart 1 of 10)", timeout=10)
-    rejoined = console.wait_for("[learner] collector1 joined (process 2 of its slot)", timeout=30, after=killed)
+    rejoined = console.wait_for("[learner] collector1 joined (process 2 of its slot)", timeout=60, after=killed)
     acting = console.wait_for("[collector1] acting in", timeout=30, after=rejoined)
     line = next(line for t, line in console.lines if t == acting and "[collector1] acting in" in line)
     assert line.endswith("epsilon 0.05..0.05"), line
-    time.sleep(max(0.0, killed + 30 - time.monotonic()))
+    # 30 s after the kill, and at least 5 s of acting for the new process (a slow machine restarts it late).
+    time.sleep(max(0.0, killed + 30 - time.monotonic(), acting + 5 - time.monotonic()))
     summary = end_with_sigterm(console, runs, "kill")
-    # The new process's chunks entered replay within 30 s of the kill; nothing that arrived was lost.
+    # The new process's chunks entered replay; nothing that arrived was lost.
     slot = summary["collectors"]["collector1"]
     assert slot["processes"] == 2 and slot["senders"] == 2, slot
     assert summary["dropped_chunks"] == 0 and summary["rejected_chunks"] == {}
@@ -115,7 +116,7 @@ def test_a_hung_collector_is_dropped_and_replaced_when_it_wakes(runs):
     console = Console(launch("local.sh", "configs/smoke.yaml", "run.name=hang", *LONG, "transport.rpc_timeout_s=3"))
     console.wait_for("[learner] collector1 joined (process 1 of its slot)", timeout=90)
     victim = pid_of("hang", 1)
-    time.sleep(3)
+    wait_for(lambda: len(scalars(runs / "hang").get("learner/loss", [])) >= 2, timeout=60, what="training")
     os.kill(victim, signal.SIGSTOP)
     stopped = time.monotonic()
     lost = console.wait_for("[learner] collector1 lost: no answer within transport.rpc_timeout_s", timeout=20)
@@ -125,7 +126,7 @@ def test_a_hung_collector_is_dropped_and_replaced_when_it_wakes(runs):
     assert scalars(runs / "hang")["learner/updates"][-1] > steps_when_lost, "the learner stopped training"
     os.kill(victim, signal.SIGCONT)
     console.wait_for("collector1 died", timeout=30, after=stopped)
-    console.wait_for("[learner] collector1 joined (process 2 of its slot)", timeout=30, after=stopped)
+    console.wait_for("[learner] collector1 joined (process 2 of its slot)", timeout=60, after=stopped)
     summary = end_with_sigterm(console, runs, "hang")
     assert summary["collectors"]["collector1"]["processes"] == 2
     assert summary["lost_collectors"] == {"collector1": "no answer within transport.rpc_timeout_s (hung, or too slow)"}
@@ -175,9 +176,10 @@ def test_sigint_on_a_collector_node_ends_it_and_the_learner_trains_on(runs):
     cluster, _ = two_nodes("sigint", *LONG)
     learner = Console(launch("learner.sh", "configs/smoke.yaml", *cluster))
     collectors = Console(launch("collector.sh", "configs/smoke.yaml", *cluster, "cluster.rank=1"))
-    # Both collectors joined first: a node stopped before its collectors join leaves nothing for the learner to see.
-    learner.wait_for("[learner] collector0 joined", timeout=90)
-    learner.wait_for("[learner] collector1 joined", timeout=30)
+    # Both collectors joined first (they say so once the learner's answer came): a node stopped before its collectors
+    # join leaves nothing for the learner to see.
+    collectors.wait_for("[collector0] acting in", timeout=90)
+    collectors.wait_for("[collector1] acting in", timeout=30)
     sent = time.monotonic()
     collectors.process.send_signal(signal.SIGINT)
     assert collectors.finish(40) == 128 + signal.SIGINT and time.monotonic() - sent < 30
@@ -197,7 +199,8 @@ def listening(pids: set[int]) -> list[str]:
 
 def test_a_one_node_run_listens_on_loopback_only(runs):
     console = Console(launch("local.sh", "configs/smoke.yaml", "run.name=ports", *LONG))
-    console.wait_for("[learner] env steps", timeout=90)
+    for index in (0, 1):   # every process has joined, and so listens, before the sockets are listed
+        console.wait_for(f"[collector{index}] acting in", timeout=90)
     pids = {int(line.split()[0]) for line in processes_of("ports")}
     pids |= {int(p) for pid in list(pids) for p in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True,
                                                                   text=True).stdout.split()}

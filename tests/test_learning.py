@@ -26,7 +26,7 @@ def test_cartpole_reaches_195(tmp_path, monkeypatch):
     monkeypatch.setenv("RL_DQN_PYTHON", sys.executable)
     started = time.monotonic()
     result = subprocess.run([str(ROOT / "launch/local.sh"), "configs/cartpole.yaml", "run.name=learn"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=300)
+                            capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     best = evaluate(checkpoints.best(tmp_path / "learn"), episodes=20, epsilon=0.0)
     elapsed = time.monotonic() - started
