@@ -68,6 +68,10 @@ def pid_of(run: str, index: int) -> int:
                         timeout=60, what=f"collector{index} to start")[0])
 
 
+def wait_for_training(run_dir) -> None:
+    wait_for(lambda: len(scalars(run_dir).get("learner/loss", [])) >= 2, timeout=60, what="training")
+
+
 def end_with_sigterm(console: Console, runs, run: str) -> dict:
     console.process.send_signal(signal.SIGTERM)
     assert console.finish(40) == 128 + signal.SIGTERM, console.text[-3000:]
@@ -81,7 +85,7 @@ def test_a_killed_collector_is_replaced_while_the_learner_trains_on(runs):
                              "collectors.epsilon_decay_env_steps=1000", "collectors.epsilon_end=0.05"))
     console.wait_for("[learner] collector1 joined (process 1 of its slot)", timeout=90)
     victim = pid_of("kill", 1)
-    wait_for(lambda: len(scalars(runs / "kill").get("learner/loss", [])) >= 2, timeout=60, what="training")
+    wait_for_training(runs / "kill")
     replay_before = scalars(runs / "kill")["learner/replay_size"][-1]
     os.kill(victim, signal.SIGKILL)
     killed = time.monotonic()
@@ -116,7 +120,7 @@ def test_a_hung_collector_is_dropped_and_replaced_when_it_wakes(runs):
     console = Console(launch("local.sh", "configs/smoke.yaml", "run.name=hang", *LONG, "transport.rpc_timeout_s=3"))
     console.wait_for("[learner] collector1 joined (process 1 of its slot)", timeout=90)
     victim = pid_of("hang", 1)
-    wait_for(lambda: len(scalars(runs / "hang").get("learner/loss", [])) >= 2, timeout=60, what="training")
+    wait_for_training(runs / "hang")
     os.kill(victim, signal.SIGSTOP)
     stopped = time.monotonic()
     lost = console.wait_for("[learner] collector1 lost: no answer within transport.rpc_timeout_s", timeout=20)
