@@ -1,19 +1,21 @@
 """What an evaluation round costs: one checkpoint's round of episodes played over different numbers of envs side by
-side, in one process on one thread, as the evaluator plays them.
+side, and of threads stepping them, in one process, as the evaluator plays them.
 
-    python benchmarks/evaluation.py runs/<name>[/checkpoints/<file>.pt] [--envs 20,8,4] [--episodes 20]
-                                    [--epsilon 0.005] [--max-episode-frames 18000]
+    python benchmarks/evaluation.py runs/<name>[/checkpoints/<file>.pt] [--envs 20,8,4] [--threads 1]
+                                    [--episodes 20] [--epsilon 0.005] [--max-episode-frames 18000]
 
-For each count of envs (eval.envs), the same seed: the round's wall seconds and CPU seconds, its mean score and each
-episode's score, lowest first (a mean of 10 can be 20 games won and lost by similar margins, or all won narrowly).
-With one env per episode every env steps on until the longest episode ends; with fewer, each plays episodes one
-after another and only the last ones wait. A mid-training Pong agent plays long rallies, where this matters most.
+For each count of envs (eval.envs) and of threads stepping them (eval.threads), the same seed: the round's wall
+seconds and CPU seconds, its mean score and each episode's score, lowest first (a mean of 10 can be 20 games won
+and lost by similar margins, or all won narrowly). With one env per episode every env steps on until the longest
+episode ends; with fewer, each plays episodes one after another and only the last ones wait. A mid-training Pong
+agent plays long rallies, where this matters most.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -33,6 +35,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run", type=Path, help="a run folder (its newest checkpoint) or a checkpoint file")
     parser.add_argument("--envs", default="20,8,4", help="envs side by side to compare (default 20,8,4)")
+    parser.add_argument("--threads", default="1", help="ALE threads stepping the envs to compare (default 1)")
     parser.add_argument("--episodes", type=int, default=20)
     parser.add_argument("--epsilon", type=float, default=0.005)
     parser.add_argument("--max-episode-frames", type=int, default=18_000,
@@ -46,15 +49,16 @@ def main() -> None:
     env_cfg = dataclasses.replace(cfg.env, max_episode_frames=args.max_episode_frames)
     print(f"{checkpoint}: {args.episodes} episodes of {cfg.env.id} at epsilon {args.epsilon:g}, cut at "
           f"{args.max_episode_frames:,} frames ({time.strftime('%Y-%m-%d')})", flush=True)
-    print(f"  {'envs':>4} {'wall s':>8} {'CPU s':>8} {'score':>7}   episodes", flush=True)
-    for envs in (int(n) for n in args.envs.split(",")):
-        env = make_vector_env(env_cfg, envs, seed=args.seed)
+    print(f"  {'envs':>4} {'threads':>7} {'wall s':>8} {'CPU s':>8} {'score':>7}   episodes", flush=True)
+    for envs, threads in itertools.product((int(n) for n in args.envs.split(",")),
+                                           [int(n) for n in args.threads.split(",")]):
+        env = make_vector_env(dataclasses.replace(env_cfg, threads_per_collector=threads), envs, seed=args.seed)
         started, cpu = time.perf_counter(), time.process_time()
         try:
             scores = play(env, network, args.episodes, args.epsilon, torch.Generator().manual_seed(args.seed))
         finally:
             env.close()
-        print(f"  {envs:>4} {time.perf_counter() - started:>8.1f} {time.process_time() - cpu:>8.1f} "
+        print(f"  {envs:>4} {threads:>7} {time.perf_counter() - started:>8.1f} {time.process_time() - cpu:>8.1f} "
               f"{sum(scores) / len(scores):>7.2f}   {' '.join(f'{score:g}' for score in sorted(scores))}", flush=True)
 
 
