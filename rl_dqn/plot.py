@@ -12,6 +12,7 @@ reached it, at the moment its round finished) and its last and best score. A rou
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from pathlib import Path
 from typing import NamedTuple
@@ -116,12 +117,14 @@ def draw(runs: dict[str, list[EvalPoint]], out: Path, targets: list[float] = (),
     import matplotlib.pyplot as plt
 
     figure, (by_time, by_steps) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    for label, points in runs.items():
+    # Ten colours, then tab20's lighter shades of the same ten: no two of up to 20 runs share one.
+    colours = [plt.get_cmap("tab20").colors[i] for i in (*range(0, 20, 2), *range(1, 20, 2))]
+    for (label, points), colour in zip(runs.items(), itertools.cycle(colours)):
         mean = [p.mean for p in points]
         low = [p.mean - p.std for p in points]
         high = [p.mean + p.std for p in points]
         for axes, x in ((by_time, [p.seconds / 60 for p in points]), (by_steps, [p.env_steps / 1e6 for p in points])):
-            (line,) = axes.plot(x, mean, label=label)
+            (line,) = axes.plot(x, mean, label=label, color=colour)
             axes.fill_between(x, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
             for screened in (False, True):   # rounds that stopped at their screen: open circles
                 chosen = [(xi, m) for xi, m, p in zip(x, mean, points) if p.screened == screened]
