@@ -127,6 +127,12 @@ class NetworkConfig:
     never learned, and with `half` all 16 lived and Adam's rate could double; on Breakout `half` puts the black
     background at -0.5 and the second layer lost 13-15 of its 32 filters (docs/pong_cpu.md). A checkpoint's network
     is read back with its own run's setting"""
+    norm: Literal["none", "layer"] = "none"
+    """`layer`: each hidden fully connected layer's outputs (the head's hidden layer after a CNN torso, every layer of
+    network.mlp_hidden) are normalized by LayerNorm, with a learned gain and bias, before their ReLU, as PQN's
+    networks are (Gallici et al. 2024, https://arxiv.org/abs/2407.04811), to keep TD learning's values from
+    running away; `none`: plain layers. The convolutions are never normalized. A checkpoint's network is read back
+    with its own run's setting"""
 
     def __post_init__(self):
         _require(len(self.mlp_hidden) >= 1 and all(h >= 1 for h in self.mlp_hidden), "network.mlp_hidden",

@@ -102,11 +102,18 @@ class QNetwork(nn.Module):
 
     def __init__(self, obs_shape: tuple[int, ...], num_actions: int, mlp_hidden: tuple[int, ...] = (256, 256),
                  dueling: bool = False, precision: str = "fp32", torso: str = "nature",
-                 frame_offset: str = "none"):
+                 frame_offset: str = "none", norm: str = "none"):
         super().__init__()
         self.is_image = len(obs_shape) == 3
         if frame_offset not in ("none", "half", "background"):
             raise ValueError(f"frame_offset must be none, half or background, got {frame_offset!r}")
+        if norm not in ("none", "layer"):
+            raise ValueError(f"norm must be none or layer, got {norm!r}")
+
+        def dense(inputs: int, outputs: int) -> list[nn.Module]:
+            """A hidden fully connected layer: with `norm="layer"` its outputs are normalized (LayerNorm, with its
+            own gain and bias) before the ReLU."""
+            return [nn.Linear(inputs, outputs), *((nn.LayerNorm(outputs),) if norm == "layer" else ()), nn.ReLU()]
         self.frame_offset = frame_offset
         self.dueling = dueling
         self.compute_dtype = PRECISIONS[precision]
@@ -122,11 +129,11 @@ class QNetwork(nn.Module):
                 features = self.torso(torch.zeros(1, stack, height, frame_width)).shape[1]
 
             def hidden() -> nn.Module:
-                return nn.Sequential(nn.Linear(features, width), nn.ReLU())
+                return nn.Sequential(*dense(features, width))
         else:
             layers, width = [nn.Flatten()], int(torch.Size(obs_shape).numel())
             for size in mlp_hidden:
-                layers += [nn.Linear(width, size), nn.ReLU()]
+                layers += dense(width, size)
                 width = size
             self.torso = nn.Sequential(*layers)
 
@@ -157,7 +164,7 @@ class QNetwork(nn.Module):
         precision network.precision gives there, in the layout it trains fastest in there (trains_channels_last())."""
         precision = resolve_precision(network_cfg.precision, device)
         network = cls(obs_shape, num_actions, network_cfg.mlp_hidden, network_cfg.dueling, precision,
-                      network_cfg.torso, network_cfg.frame_offset).to(device)
+                      network_cfg.torso, network_cfg.frame_offset, network_cfg.norm).to(device)
         return network.set_layout(channels_last=trains_channels_last(precision, device))
 
     def for_acting(self) -> QNetwork:

@@ -188,6 +188,41 @@ def test_frame_offsets_take_half_or_each_observations_background_off_and_a_check
     torch.testing.assert_close(player(obs), trained.for_acting()(obs))
 
 
+def test_layer_norm_normalizes_each_hidden_dense_layer_before_its_relu_and_a_checkpoint_keeps_the_setting(tmp_path):
+    torch.manual_seed(0)
+    obs = torch.randint(0, 256, (8, 4, 84, 84), dtype=torch.uint8)
+    cfg = load_config(ROOT / "configs/pong_cpu.yaml", ["network.norm=layer", "network.precision=fp32"])
+    net = QNetwork.for_env((4, 84, 84), 6, cfg.network, "cpu")
+    linear, norm, relu = net.head_hidden
+    assert isinstance(norm, torch.nn.LayerNorm) and norm.normalized_shape == (256,) and isinstance(relu, torch.nn.ReLU)
+    assert not any(isinstance(m, torch.nn.LayerNorm) for m in net.torso)   # the convolutions stay plain
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 2.0)
+        norm.bias.uniform_(-0.5, 0.5)
+        pre = linear(net.torso(net.inputs(obs)))
+        normalized = (pre - pre.mean(1, keepdim=True)) / torch.sqrt(pre.var(1, unbiased=False, keepdim=True) + 1e-5)
+        torch.testing.assert_close(net(obs), net.head(torch.relu(normalized * norm.weight + norm.bias)))
+    vector = QNetwork((4,), 2, mlp_hidden=(16, 8), norm="layer")
+    assert [m.normalized_shape for m in vector.torso if isinstance(m, torch.nn.LayerNorm)] == [(16,), (8,)]
+    assert len([m for m in QNetwork((4,), 2, mlp_hidden=(16, 8)).torso if isinstance(m, torch.nn.LayerNorm)]) == 0
+    # bfloat16 for acting, the same Q as the trained network up to its rounding; a checkpoint keeps the setting.
+    trained = QNetwork.for_env((4, 84, 84), 6, load_config(ROOT / "configs/pong_cpu.yaml",
+                                                           ["network.norm=layer", "network.precision=bf16"]).network,
+                               "cpu")
+    checkpoint = tmp_path / "checkpoint.pt"
+    torch.save({"config": to_dict(load_config(ROOT / "configs/pong_cpu.yaml", ["network.norm=layer"])),
+                "spec": {"obs_shape": [4, 84, 84], "num_actions": 6}, "network": trained.state_dict()}, checkpoint)
+    _, player = load_player(checkpoint)
+    assert isinstance(player.head_hidden[1], torch.nn.LayerNorm)
+    with torch.no_grad():
+        want = trained(obs)
+        torch.testing.assert_close(player(obs), want, rtol=0, atol=0.03 * want.abs().max().item())
+    with pytest.raises(ValueError, match="norm must be none or layer"):
+        QNetwork((4, 84, 84), 6, norm="batch")
+    with pytest.raises(ConfigError, match="network.norm: must be one of none, layer"):
+        from_dict({"network": {"norm": "batch"}})
+
+
 def test_the_key_centered_frames_of_earlier_configs_and_checkpoints_reads_as_frame_offset():
     assert from_dict({"network": {"centered_frames": True}}).network.frame_offset == "half"
     assert from_dict({"network": {"centered_frames": False, "torso": "nips"}}).network.frame_offset == "none"
