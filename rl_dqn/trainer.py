@@ -67,7 +67,7 @@ class Trainer:
         or by priority (then weighted by importance and re-prioritized by its TD errors), `env_steps` into the run.
 
         With learner.overlap the helper thread computes the online network's values of s' (Double DQN's) while this
-        thread computes those of s, then samples the next batch, scales its frames and evaluates the target network
+        thread computes those of s, then samples the next batch, converts its frames and evaluates the target network
         on it while this one runs the backward pass and the optimizer. Each side runs whole operations on its own
         cores, which on a small CPU wastes less than splitting every operation over all of them. The helper is idle
         again when step() returns, so replay inserts, checkpoints and target refreshes never run beside it."""
@@ -115,9 +115,9 @@ class Trainer:
         return self.optimizer.param_groups[0]["lr"]
 
     def _prepare_batch(self) -> tuple:
-        """A batch, its observations scaled for the online network, its next observations scaled for both, and the
-        target network's values of them. Scaling 32 Pong observations takes about 0.7 ms of one CPU core, a quarter of
-        the online network's forward pass: under learner.overlap it is done here, off the training thread's path."""
+        """A batch, its observations converted for the online network (QNetwork.inputs()), its next observations
+        converted once for both networks, and the target network's values of them: under learner.overlap all of it
+        is done here, off the training thread's path."""
         t = self.cfg.train
         beta = dqn.beta_schedule(self._env_steps, t.priority_beta, t.learning_starts,
                                  t.priority_beta_env_steps or t.total_env_steps)
@@ -125,7 +125,7 @@ class Trainer:
                                            t.n_step_decay_end_env_steps or t.total_env_steps))
         batch = self.replay.sample(t.batch_size, self.generator, beta, n_step)
         with torch.no_grad():
-            next_inputs = self.target.inputs(batch.next_obs)        # scaled once for both networks
+            next_inputs = self.target.inputs(batch.next_obs)        # converted once for both networks
             return batch, self.network.inputs(batch.obs), next_inputs, self.target(next_inputs)
 
     def _online_values(self, next_inputs: torch.Tensor) -> torch.Tensor:

@@ -61,13 +61,13 @@ def test_mixed_precision_keeps_an_action_gap_far_below_bfloat16_resolution():
         torch.testing.assert_close(q[:, 1] - q[:, 0], torch.full((3,), 0.002), atol=1e-5, rtol=0)
 
 
-def test_inputs_scale_frames_once_in_the_compute_dtype_and_pass_their_own_result_through():
+def test_inputs_convert_frames_once_in_the_compute_dtype_and_pass_their_own_result_through():
     obs = torch.randint(0, 256, (3, 4, 84, 84), dtype=torch.uint8)
     for precision in ("fp32", "bf16"):
         net = QNetwork((4, 84, 84), 6, precision=precision)
         x = net.inputs(obs)
         assert x.dtype == net.compute_dtype
-        assert torch.equal(x, (obs.float() / 255.0).to(net.compute_dtype))
+        assert torch.equal(x.float(), obs.float())   # pixel values, exact: the first layer scales them
         assert net.inputs(x) is x
         with torch.no_grad():
             assert torch.equal(net(x), net(obs))
@@ -161,18 +161,26 @@ def test_frame_offsets_take_half_or_each_observations_background_off_and_a_check
     assert torch.equal(background(obs).float(), expected_background)
     assert background(obs[0]).shape == (1, 1, 1)   # one observation, unbatched
     offsets = {"none": 0.0, "half": 0.5, "background": expected_background / 255}
-    for precision, atol in (("fp32", 1e-6), ("bf16", 4e-3)):
+    for precision in ("fp32", "bf16"):
         networks = {offset: QNetwork.for_env((4, 84, 84), 6, NetworkConfig(torso="nips", precision=precision,
                                                                            frame_offset=offset), "cpu")
                     for offset in offsets}
         for offset, network in networks.items():
-            for net in (network, QNetwork((4, 84, 84), 6, precision=precision, torso="nips",
-                                          frame_offset=offset).for_acting()):
-                inputs = net.inputs(obs)
+            acting = QNetwork((4, 84, 84), 6, precision=precision, torso="nips", frame_offset=offset).for_acting()
+            acting.load_state_dict(network.state_dict())
+            # What the network computes: the plain layers in float32 on frames scaled to [0, 1] less the offset.
+            reference = QNetwork((4, 84, 84), 6, torso="nips").set_layout(channels_last=False)
+            reference.load_state_dict(network.state_dict())
+            with torch.no_grad():
+                want = reference.head(reference.head_hidden(reference.torso(obs.float() / 255 - offsets[offset])))
+            for net in (network, acting):
+                inputs = net.inputs(obs)   # pixel values less each observation's background, exact
                 assert inputs.dtype == net.compute_dtype
-                torch.testing.assert_close(inputs.float(), obs.float() / 255 - offsets[offset], atol=atol, rtol=0)
-                if offset == "background":   # the background enters as exactly 0, whatever the precision
-                    assert torch.all(inputs[obs == expected_background.to(torch.uint8).expand_as(obs)] == 0)
+                want_inputs = obs.float() - (expected_background if offset == "background" else 0)
+                assert torch.equal(inputs.float(), want_inputs)
+                with torch.no_grad():
+                    tolerance = 1e-5 if precision == "fp32" else 0.02 * want.abs().max().item()
+                    torch.testing.assert_close(net(obs), want, rtol=0, atol=tolerance)
         for offset in ("half", "background"):   # the same weights see other inputs
             networks[offset].load_state_dict(networks["none"].state_dict())
             assert not torch.allclose(networks[offset](obs), networks["none"](obs))
@@ -199,7 +207,7 @@ def test_layer_norm_normalizes_each_hidden_dense_layer_before_its_relu_and_a_che
     with torch.no_grad():
         norm.weight.uniform_(0.5, 2.0)
         norm.bias.uniform_(-0.5, 0.5)
-        pre = linear(net.torso(net.inputs(obs)))
+        pre = linear(net.torso(obs.float() / 255 - 0.5))   # pong_cpu.yaml's frames, centred on 0.5
         normalized = (pre - pre.mean(1, keepdim=True)) / torch.sqrt(pre.var(1, unbiased=False, keepdim=True) + 1e-5)
         torch.testing.assert_close(net(obs), net.head(torch.relu(normalized * norm.weight + norm.bias)))
     vector = QNetwork((4,), 2, mlp_hidden=(16, 8), norm="layer")
