@@ -50,16 +50,6 @@ def resolve_precision(precision: str, device: torch.device | str) -> str:
     return "bf16" if fast_bfloat16(device)[0] else "fp32"
 
 
-def trains_channels_last(precision: str, device: torch.device | str) -> bool:
-    """Whether the trained network keeps its frames and convolution kernels channels-last on `device` in `precision`
-    (`fp32` or `bf16`, as resolved): on a CPU only in float32. In bfloat16 writing a batch's uint8 frames into the
-    channels-last layout costs more than its convolutions gain (1.35 ms for a batch of 32 against 0.26 plain): on one
-    core of an AMD EPYC with AVX512-BF16 a forward and backward pass of the NIPS torso at batch 32 took 5.9 ms plain
-    against 8.2 in bfloat16, and 10.4 against 8.5 in float32 (`python benchmarks/network.py`, docs/pong_cpu.md). On a
-    GPU channels-last, the layout its tensor cores' convolutions take (not measured here)."""
-    return precision == "fp32" or torch.device(device).type == "cuda"
-
-
 def describe_precision(precision: str, device: torch.device | str) -> tuple[str, str | None]:
     """What network.precision comes to on `device`, in words for a role's first line, and a warning where an
     explicit bf16 will be emulated there."""
@@ -85,6 +75,17 @@ def background(frames: torch.Tensor) -> torch.Tensor:
     bins = torch.arange(newest.shape[0], device=frames.device).unsqueeze(1) * 256
     counts = torch.bincount((newest + bins).flatten(), minlength=newest.shape[0] * 256).view(-1, 256)
     return counts.argmax(dim=1).to(torch.uint8).view(frames.shape[:-3] + (1, 1, 1))
+
+
+def channels_last_copy(frames: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`frames` `[B, C, H, W]` converted to `dtype` in the channels-last layout, one strided copy per channel (C is
+    the frame stack, 4 for Atari): 0.53 ms for a batch of 32 uint8 Pong observations into bfloat16 on one CPU core,
+    where converting in one copy into that layout took 1.1-2.0 ms and into the plain one 0.18."""
+    batch, channels, height, width = frames.shape
+    out = torch.empty(batch, height, width, channels, dtype=dtype, device=frames.device)
+    for c in range(channels):
+        out[..., c].copy_(frames[:, c])
+    return out.permute(0, 3, 1, 2)
 
 
 class QNetwork(nn.Module):
@@ -147,12 +148,13 @@ class QNetwork(nn.Module):
         self.set_layout(channels_last=self.is_image)
 
     def set_layout(self, channels_last: bool) -> QNetwork:
-        """Frames and convolution kernels channels-last in memory (for training in float32, see
-        trains_channels_last()), or in the plain layout (for acting, and for training in bfloat16 on a CPU). The
-        values are the same up to the order of sums (oneDNN may sum in another order in each layout); its
-        convolutions are faster one way or the other: measured on one CPU core in float32 with the NIPS torso, a
-        forward and backward pass of batch 32 took 6.6 ms channels-last against 8.7, while a forward pass alone of
-        batch 20 took 2.1 ms against 1.6 (docs/pong_cpu.md)."""
+        """Frames and convolution kernels channels-last in memory (for training, on every device, and for acting in
+        bfloat16; see for_acting()), or in the plain layout. The values are the same up to the order of sums (oneDNN
+        may sum in another order in each layout). Training is faster channels-last: on one core of the Intel Xeon
+        with AMX, the NIPS torso in bfloat16 at batch 32, a forward and backward pass took 5.1-5.3 ms against
+        5.8-5.9 plain and a forward pass 1.1 against 1.6-1.7, their inputs converted beforehand (the conversion,
+        channels_last_copy(), 0.5 ms against 0.2 plain); in float32 6.6 ms against 8.7 for a forward and backward
+        pass (an AMD EPYC; docs/pong_cpu.md). A GPU's tensor cores take channels-last too."""
         self.channels_last = channels_last and self.is_image
         self.torso.to(memory_format=torch.channels_last if self.channels_last else torch.contiguous_format)
         return self
@@ -161,21 +163,28 @@ class QNetwork(nn.Module):
     def for_env(cls, obs_shape: tuple[int, ...], num_actions: int, network_cfg, device: torch.device | str
                 ) -> QNetwork:
         """The network that `network_cfg` (a config's `network` section) describes, on `device`, computing in the
-        precision network.precision gives there, in the layout it trains fastest in there (trains_channels_last())."""
+        precision network.precision gives there, channels-last (the layout it trains fastest in, see set_layout())."""
         precision = resolve_precision(network_cfg.precision, device)
         network = cls(obs_shape, num_actions, network_cfg.mlp_hidden, network_cfg.dueling, precision,
                       network_cfg.torso, network_cfg.frame_offset, network_cfg.norm).to(device)
-        return network.set_layout(channels_last=trains_channels_last(precision, device))
+        return network.set_layout(channels_last=True)
 
-    def for_acting(self) -> QNetwork:
+    def for_acting(self, channels_last: bool | None = None) -> QNetwork:
         """This network in eval mode for forward passes only (collectors, evaluation, play, the learner's target
-        network; never trained), in the plain layout: under bf16 the layers that compute in bfloat16 store their
-        weights in it, so that a forward pass does not cast them again (a batch of 8 Pong stacks on one thread:
-        1.7 ms against 2.3). load_state_dict() takes float32 weights as before and rounds them once."""
+        network; never trained). Under bf16 the layers that compute in bfloat16 store their weights in it, so that a
+        forward pass does not cast them again (a batch of 8 Pong stacks on one thread: 1.7 ms against 2.3);
+        load_state_dict() takes float32 weights as before and rounds them once. Its layout: `channels_last`, or by
+        default channels-last in bfloat16 and plain in float32, whichever acts faster: on one core of the Intel Xeon
+        with AMX, the NIPS torso's forward pass from uint8 frames took 0.88 ms channels-last against 0.97 plain at
+        batch 8 (a collector's) and 1.51 against 1.67 at 20 (an evaluation round's) in bfloat16, and 1.26 against
+        1.14 and 3.19 against 2.51 in float32. The learner's target network takes the inputs it converts once for
+        itself and the online network, so it keeps the online network's layout."""
+        if channels_last is None:
+            channels_last = self.compute_dtype != torch.float32
         if self.compute_dtype != torch.float32:
             for layer in (self.torso, self.head_hidden, *((self.value_hidden,) if self.dueling else ())):
                 layer.to(self.compute_dtype)
-        return self.set_layout(channels_last=False).eval()
+        return self.set_layout(channels_last=channels_last).eval()
 
     def inputs(self, obs: torch.Tensor) -> torch.Tensor:
         """What the network's first layer takes, in the compute dtype and the network's layout: uint8 frames as
@@ -188,13 +197,13 @@ class QNetwork(nn.Module):
         which it returns unchanged."""
         if obs.dtype != torch.uint8:
             return obs if obs.dtype == self.compute_dtype else obs.float()
-        layout = torch.channels_last if self.channels_last and obs.dim() == 4 else torch.contiguous_format
-        if self.frame_offset != "background":
-            return obs.to(self.compute_dtype, memory_format=layout)
-        pixels = obs.to(self.compute_dtype)
-        pixels.sub_(background(obs).to(self.compute_dtype))
-        # Channels-last after the arithmetic: converting the layout in the last pass costs least.
-        return pixels.contiguous(memory_format=layout)
+        if self.channels_last and obs.dim() == 4:
+            pixels = channels_last_copy(obs, self.compute_dtype)
+        else:
+            pixels = obs.to(self.compute_dtype)
+        if self.frame_offset == "background":
+            pixels.sub_(background(obs).to(self.compute_dtype))
+        return pixels
 
     def _features(self, x: torch.Tensor) -> torch.Tensor:
         """The torso on inputs(). For frames its first convolution computes conv(W, (x - c) / 255) + b, the scaled

@@ -13,7 +13,7 @@ import torch
 
 from rl_dqn.config import ConfigError, NetworkConfig, from_dict, load_config, to_dict
 from rl_dqn.evaluate import load_player
-from rl_dqn.network import QNetwork, background, describe_precision, resolve_precision, trains_channels_last
+from rl_dqn.network import QNetwork, background, channels_last_copy, describe_precision, resolve_precision
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -132,23 +132,36 @@ def test_a_trained_network_is_channels_last_an_acting_one_plain_and_both_give_th
             assert torch.equal(other(obs), net(obs))
 
 
-def test_the_configs_network_trains_channels_last_in_float32_and_plain_in_bfloat16_on_a_cpu_with_the_same_values():
+def test_the_configs_network_trains_channels_last_in_either_precision_with_the_plain_layouts_values():
     torch.manual_seed(0)
     obs = torch.randint(0, 256, (8, 4, 84, 84), dtype=torch.uint8)
+    for dtype in (torch.float32, torch.bfloat16):
+        converted = channels_last_copy(obs, dtype)
+        assert converted.is_contiguous(memory_format=torch.channels_last) and converted.dtype == dtype
+        assert torch.equal(converted, obs.to(dtype))
     networks = {precision: QNetwork.for_env((4, 84, 84), 6, NetworkConfig(torso="nips", precision=precision), "cpu")
                 for precision in ("fp32", "bf16")}
-    assert networks["fp32"].inputs(obs).is_contiguous(memory_format=torch.channels_last)
-    assert not networks["bf16"].inputs(obs).is_contiguous(memory_format=torch.channels_last)
-    assert all(m.weight.is_contiguous() for m in networks["bf16"].torso if isinstance(m, torch.nn.Conv2d))
-    assert trains_channels_last("fp32", "cpu") and not trains_channels_last("bf16", "cpu")
-    assert trains_channels_last("bf16", "cuda")   # a GPU's tensor cores take channels-last (not run here)
-    channels_last = QNetwork((4, 84, 84), 6, precision="bf16", torso="nips")   # the same weights, channels-last
-    channels_last.load_state_dict(networks["bf16"].state_dict())
-    for network in (networks["bf16"], channels_last):   # the same values and gradients, up to bfloat16's rounding
+    for network in networks.values():
+        assert network.inputs(obs).is_contiguous(memory_format=torch.channels_last)
+        assert all(m.weight.is_contiguous(memory_format=torch.channels_last) for m in network.torso
+                   if isinstance(m, torch.nn.Conv2d))
+    plain = QNetwork((4, 84, 84), 6, precision="bf16", torso="nips").set_layout(channels_last=False)
+    plain.load_state_dict(networks["bf16"].state_dict())
+    assert not plain.inputs(obs).is_contiguous(memory_format=torch.channels_last)
+    for network in (networks["bf16"], plain):   # the same values and gradients, up to bfloat16's rounding
         network(obs).square().mean().backward()
-    torch.testing.assert_close(networks["bf16"](obs), channels_last(obs), atol=0.02, rtol=0.02)
-    for (name, plain), (_, other) in zip(networks["bf16"].named_parameters(), channels_last.named_parameters()):
-        torch.testing.assert_close(plain.grad, other.grad.contiguous(), atol=2e-3, rtol=0.05, msg=name)
+    torch.testing.assert_close(networks["bf16"](obs), plain(obs), atol=0.02, rtol=0.02)
+    for (name, trained), (_, other) in zip(networks["bf16"].named_parameters(), plain.named_parameters()):
+        torch.testing.assert_close(trained.grad.contiguous(), other.grad, atol=2e-3, rtol=0.05, msg=name)
+    # The learner's target network acts on the inputs it converts for the online network: in the same layout.
+    target = QNetwork.for_env((4, 84, 84), 6, NetworkConfig(torso="nips", precision="bf16"), "cpu")
+    target.load_state_dict(networks["bf16"].state_dict())
+    target = target.for_acting(channels_last=True)
+    assert target.channels_last and not target.training
+    with torch.no_grad():
+        want = networks["bf16"](obs)
+        torch.testing.assert_close(target(networks["bf16"].inputs(obs)), want, rtol=0,
+                                   atol=0.02 * want.abs().max().item())
 
 
 def test_frame_offsets_take_half_or_each_observations_background_off_and_a_checkpoint_keeps_the_setting(tmp_path):
