@@ -118,3 +118,24 @@ def test_an_interrupt_between_a_killed_learner_and_its_resumption_ends_the_bench
     assert "run.resume=true" not in out and "Traceback" not in err, err
     assert not (tmp_path / "down-s2").exists()
     assert out.splitlines()[-1].startswith("down-s1 ")
+
+
+@pytest.mark.slow
+def test_a_run_that_ends_at_its_own_stop_score_ends_its_seed_and_the_next_one_runs(tmp_path):
+    """configs/pong_cpu.yaml ends a run at its first evaluation of 18 (eval.stop_score), the score its benchmark
+    commands watch for with --stop-at: whichever of the two stops a run, its seed ends with its time to the score,
+    it is not taken for a crash (nothing resumed), and the next seed runs."""
+    env = dict(os.environ, RL_DQN_RUNS_DIR=str(tmp_path), RL_DQN_PYTHON=sys.executable)
+    result = subprocess.run(
+        [sys.executable, "benchmarks/learning.py", "configs/smoke.yaml", "--prefix", "own", "--seeds", "1,2",
+         "--minutes", "3", "--stop-at", "-30", "--scores", "-30", "train.total_env_steps=1000000",
+         "eval.stop_score=-30", "eval.video=false"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    out = result.stdout
+    assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
+    assert "resuming it in" not in out and "run.resume=true" not in out and "Traceback" not in result.stderr, out
+    for seed in (1, 2):
+        summary = json.loads((tmp_path / f"own-s{seed}/summary.json").read_text())
+        assert 0 < summary["env_steps"] < 1_000_000 and summary["best_eval_return"] >= -30, summary
+    rows = [line for line in out.splitlines() if line.startswith("own-s")]   # the table: each seed's time to -30
+    assert [row.split()[0] for row in rows] == ["own-s1", "own-s2"] and "not reached" not in "".join(rows), out
