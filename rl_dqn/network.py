@@ -163,11 +163,11 @@ class QNetwork(nn.Module):
     def for_env(cls, obs_shape: tuple[int, ...], num_actions: int, network_cfg, device: torch.device | str
                 ) -> QNetwork:
         """The network that `network_cfg` (a config's `network` section) describes, on `device`, computing in the
-        precision network.precision gives there, channels-last (the layout it trains fastest in, see set_layout())."""
+        precision network.precision gives there, channels-last as constructed (the layout it trains fastest in, see
+        set_layout(); moving it to `device` keeps the layout)."""
         precision = resolve_precision(network_cfg.precision, device)
-        network = cls(obs_shape, num_actions, network_cfg.mlp_hidden, network_cfg.dueling, precision,
-                      network_cfg.torso, network_cfg.frame_offset, network_cfg.norm).to(device)
-        return network.set_layout(channels_last=True)
+        return cls(obs_shape, num_actions, network_cfg.mlp_hidden, network_cfg.dueling, precision,
+                   network_cfg.torso, network_cfg.frame_offset, network_cfg.norm).to(device)
 
     def for_acting(self, channels_last: bool | None = None) -> QNetwork:
         """This network in eval mode for forward passes only (collectors, evaluation, play, the learner's target
