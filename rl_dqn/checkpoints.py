@@ -83,6 +83,12 @@ def load(path: Path) -> tuple[dict, dict | None]:
     return state, torch.load(path.parent / replay, map_location="cpu", weights_only=True)
 
 
+def load_state(path: Path) -> dict:
+    """A checkpoint's state alone, to read its counters and schedule: the replay file it names stays unread, and
+    its tensors are mapped from the file rather than read (mmap), so this is cheap for any size of network."""
+    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+
+
 def save_atomically(state: dict, path: Path) -> None:
     partial = path.with_name(path.name + ".partial")
     with open(partial, "wb") as f:

@@ -7,7 +7,8 @@
 - worker:     one process of the run by its rank, torchrun-style: the learner for rank 0, else that collector
 With cluster.init_method=env://, MASTER_ADDR and MASTER_PORT name the rendezvous, and WORLD_SIZE and RANK fill
 cluster.world_size and cluster.rank where the config leaves them unset (RANK: the first process this command starts).
-Bad input exits with code 2 and one line naming the problem; a role that fails exits 1.
+Bad input exits with code 2 and one line naming the problem; a role that fails exits 1. A resumed run
+(run.resume=true) whose newest checkpoint already reached its end exits 0 with one line, starting and writing nothing.
 """
 
 from __future__ import annotations
@@ -150,6 +151,45 @@ def _check_env(cfg: Config):
     return spec
 
 
+def finished_already(cfg: Config, state: dict) -> str | None:
+    """Why resuming with `cfg` the run whose newest checkpoint holds `state` would have nothing to do, as one line
+    that says how to go on; None when it would train. The run is over at `cfg`'s train.total_env_steps, and, when it
+    ended at an evaluation that reached its eval.stop_score, at `cfg`'s eval.stop_score if that is at most the
+    evaluation's score (a checkpoint written before runs kept this has no "stop_score_reached")."""
+    name, total, env_steps = cfg.run.name, cfg.train.total_env_steps, state["counters"]["env_steps"]
+    stopped = state["schedule"].get("stop_score_reached")
+    at_total = env_steps >= total
+    at_score = stopped is not None and cfg.eval.stop_score is not None and cfg.eval.stop_score <= stopped["eval"]
+    if not (at_total or at_score):
+        return None
+    longer = 2 * total if 2 * total > env_steps else 2 * env_steps
+    advice = [f"a larger train.total_env_steps (e.g. train.total_env_steps={longer})"] if at_total else []
+    if at_score:
+        advice.append(f"eval.stop_score=null or a higher one (above {stopped['eval']:.2f})")
+    if at_total:
+        what = f"reached train.total_env_steps={total:,} at {env_steps:,} env steps"
+    else:
+        what = (f"ended at its eval.stop_score={stopped['stop_score']:g} (eval {stopped['eval']:.2f} at "
+                f"{stopped['env_steps']:,} env steps)")
+    return f"run {name} already {what}: nothing to do; to train on, resume with {' and '.join(advice)}"
+
+
+def _finished_already(cfg: Config) -> str | None:
+    """finished_already() for a resumed run's newest checkpoint, read without its replay; None for a new run, or
+    for one that holds no checkpoint (which _make_run_dir refuses)."""
+    import pickle
+
+    from rl_dqn import checkpoints
+    found = checkpoints.all_of(run_dir(cfg)) if cfg.run.resume else []
+    if not found:
+        return None
+    try:
+        return finished_already(cfg, checkpoints.load_state(found[-1]))
+    except (RuntimeError, ValueError, KeyError, TypeError, OSError, EOFError, pickle.UnpicklingError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError("run.resume", f"cannot continue from {found[-1]}: {reason}") from None
+
+
 def _make_run_dir(cfg: Config) -> Path:
     """Creates runs/<run.name>/, which must be new or empty and writable; a resumed run's must hold a checkpoint."""
     folder = run_dir(cfg)
@@ -189,6 +229,9 @@ def _local(cfg: Config, args) -> int:
     one_node = load_config(args.config, [*common, "cluster.rank=1"])
     for rank in range(one_node.world_size):
         _placement(one_node, rank)
+    if (line := _finished_already(cfg)) is not None:
+        print(f"[local] {line}", flush=True)
+        return 0
     _make_run_dir(cfg)
     here = [sys.executable, "-m", "rl_dqn"]
     specs = [RoleSpec("learner", [*here, "learner", args.config, *common], finishes_run=True)]
@@ -272,6 +315,9 @@ def _learner(cfg: Config, args) -> int:
     _check_learner_address(cfg)
     spec = _check_env(cfg)
     placement = _placement(cfg, 0)
+    if (line := _finished_already(cfg)) is not None:   # before the run folder is touched or RPC joined
+        print(f"[learner] {line}", flush=True)
+        return 0
     folder = _make_run_dir(cfg)
     stop = _stop_on_signals()
     torch.set_num_threads(torch_threads(cfg))
@@ -290,8 +336,8 @@ def _learner(cfg: Config, args) -> int:
     except TransportError as e:
         learner.close()
         return _role_error("learner", str(e))
-    how = "stopped on a signal" if stop.is_set() else \
-        "reached eval.stop_score" if learner.reached_stop_score else "done"
+    how = {"total_env_steps": "done", "stop_score": "reached eval.stop_score"}.get(learner.ended,
+                                                                                  "stopped on a signal")
     for line in learner.closing_lines(how):
         print(f"[learner] {line}", flush=True)
     return 0

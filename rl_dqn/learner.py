@@ -64,8 +64,17 @@ class Learner:
         self.evaluator: Evaluator | None = None
         self.next_eval = cfg.eval.every_env_steps
         self.eval_state: dict[str, torch.Tensor] | None = None   # the weights the evaluator is playing
-        self.reached_stop_score = False   # an evaluation reached eval.stop_score: the run ends
+        # The evaluation that reached eval.stop_score, which ends the run: {"eval": its mean score, "stop_score",
+        # "env_steps"}; kept in the checkpoints, so that a resume knows how the run ended.
+        self.stop_score_reached: dict | None = None
+        # How run() ended, for summary.json: "total_env_steps", "stop_score", "signal" or "error" (None: not run).
+        self.ended: str | None = None
         self._closed = False
+
+    @property
+    def reached_stop_score(self) -> bool:
+        """An evaluation reached eval.stop_score: the run ends."""
+        return self.stop_score_reached is not None
 
     def counters(self) -> Counters:
         transport = self.transport
@@ -90,6 +99,7 @@ class Learner:
         self.publish()
         total = self.cfg.train.total_env_steps
         last_log = alone_since = time.monotonic()
+        self.ended = "error"   # unless the loops below end
         try:
             while not self.stop.is_set() and not self.reached_stop_score and intake.env_steps < total:
                 deliveries = transport.receive(timeout=0 if intake.wants_update(trainer.updates) else 0.05)
@@ -123,6 +133,10 @@ class Learner:
             # ratio still asks for, so that a run of N env steps gets the same updates on any hardware.
             while not self.stop.is_set() and not self.reached_stop_score and intake.wants_update(trainer.updates):
                 self._train_one()
+            # A signal that came after the run had done all its work leaves it ended at its total.
+            self.ended = "stop_score" if self.reached_stop_score else \
+                "total_env_steps" if intake.env_steps >= total and not intake.wants_update(trainer.updates) else \
+                "signal"
         finally:
             self.close()
 
@@ -207,7 +221,7 @@ class Learner:
                          "weights_version": result.weights_version}} | self._identity())
         stop_score = self.cfg.eval.stop_score
         if stop_score is not None and mean >= stop_score:
-            self.reached_stop_score = True
+            self.stop_score_reached = {"eval": mean, "stop_score": stop_score, "env_steps": result.env_steps}
             say("learner", f"eval {mean:.2f} at {result.env_steps:,} env steps reached eval.stop_score={stop_score:g}: "
                            f"the run ends here")
 
@@ -227,20 +241,21 @@ class Learner:
     def save_checkpoint(self) -> Path:
         """checkpoints/checkpoint_<updates>.pt (and with learner.checkpoint_replay the replay contents beside it):
         the trainer's state, the counters and the rest of the run's clock (schedules such as epsilon and beta
-        follow from env_steps)."""
+        follow from env_steps), and the evaluation that ended the run at eval.stop_score, if one did."""
         trainer = self.trainer
         state = trainer.state() | {
             "counters": {"env_steps": self.intake.env_steps, "updates": trainer.updates,
                          "weights_version": self.weights_version},
             "schedule": {"next_eval": self.next_eval, "best_eval": self.report.best_eval,
-                         "elapsed_s": self.report.elapsed()},
+                         "elapsed_s": self.report.elapsed(), "stop_score_reached": self.stop_score_reached},
         } | self._identity()
         replay = trainer.replay.state_dict() if self.cfg.learner.checkpoint_replay else None
         return checkpoints.save(self.run_dir, state, replay, trainer.updates, self.cfg.learner.keep_checkpoints)
 
     def restore(self, path: Path) -> None:
         """Continues from a checkpoint: network, target, optimizer, counters, schedules, the sampling generator
-        and, when the checkpoint has them, the replay contents."""
+        and, when the checkpoint has them, the replay contents. A run that had ended at its eval.stop_score trains
+        on (the command line resumes it only with none or a higher one), so its stop_score_reached is not taken."""
         state, replay = checkpoints.load(path)
         counters, schedule = state["counters"], state["schedule"]
         if not self.trainer.load_state(state, counters["updates"]):
@@ -280,7 +295,7 @@ class Learner:
                     self.transport.close()
 
     def write_summary(self) -> None:
-        self.report.write_summary(self.counters())
+        self.report.write_summary(self.counters(), self.ended)
 
     def closing_lines(self, how: str) -> list[str]:
         return self.report.closing_lines(how, self.counters())

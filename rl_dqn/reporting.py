@@ -252,14 +252,16 @@ class Report:
                          f"{self.run_dir} --best)")
         return lines
 
-    def write_summary(self, counters: Counters) -> None:
+    def write_summary(self, counters: Counters, ended: str | None) -> None:
         """runs/<name>/summary.json: what the run did, for people and scripts (benchmarks, tests). Its rates end
         where the run stopped training; `wall_s` includes the final checkpoint, which takes seconds with a large
-        replay."""
+        replay. `ended` says how this process's run ended: "total_env_steps" or "stop_score" (the run is complete),
+        "signal" (SIGINT or SIGTERM), "error" (e.g. no collector for cluster.join_timeout_s), or None (the learner
+        was closed without running)."""
         now = time.monotonic()
         end = self._finished or now
         summary = {
-            "env_steps": counters.env_steps, "updates": counters.updates,
+            "ended": ended, "env_steps": counters.env_steps, "updates": counters.updates,
             "weights_version": counters.weights_version, "wall_s": now - self.started,
             "replay_size": counters.replay_size, "env_steps_per_s": None, "env_steps_per_s_training": None,
             "recent_returns": list(self._returns), "best_eval_return": self.best_eval,

@@ -4,6 +4,10 @@ The node ends when its roles end. A role with restarts left (a collector) that d
 process joins the running learner in the same slot. Any other role that dies stops the others, and the node exits
 non-zero, naming the role and why. On SIGINT or SIGTERM every role is asked to stop (each then flushes what it
 holds), and whatever is still running after `grace_s` is killed, so nothing outlives the node.
+
+Once the role that finishes the run (the learner) has exited 0, the run is complete: no role is started again, the
+roles still running are asked to stop, and the node exits 0 whatever they do then; one line names any that did not
+stop cleanly (one that was joining as the run ended, say).
 """
 
 from __future__ import annotations
@@ -146,6 +150,8 @@ def supervise(specs: list[RoleSpec], node: str, grace_s: float = 20.0, progress:
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     roles = [_Role(spec, env) for spec in specs]
     failed: str | None = None
+    complete = False   # the learner finished the run
+    stuck: list[_Role] = []   # killed, still running grace_s after being asked to stop
     stop_deadline: float | None = None
     try:
         while [r.process.poll() for r in roles].count(None):   # poll every role: each poll updates its returncode
@@ -153,7 +159,8 @@ def supervise(specs: list[RoleSpec], node: str, grace_s: float = 20.0, progress:
             if progress is not None and (line := progress.line(roles)) is not None:
                 print(line, flush=True)
             if stop_deadline is None:
-                for role in roles:
+                complete = _finished(roles)
+                for role in [] if complete else roles:
                     code = role.process.returncode
                     if code is not None and code != 0:
                         role.finish_output()
@@ -165,21 +172,21 @@ def supervise(specs: list[RoleSpec], node: str, grace_s: float = 20.0, progress:
                             continue
                         failed = f"{node}: {role.spec.label} died ({role.why()}); stopping the other roles"
                         break
-                done = any(r.spec.finishes_run and r.process.returncode == 0 for r in roles)
-                if failed or interrupted or done:
+                if failed or interrupted or complete:
                     if failed:
                         print(failed, file=sys.stderr, flush=True)
                     elif interrupted:
                         print(f"{node}: {signal.Signals(interrupted[0]).name}: stopping every role "
                               f"(at most {grace_s:g} s)", file=sys.stderr, flush=True)
-                    # A finished run leaves the collectors to stop on the learner's word; otherwise ask them now.
-                    if failed or interrupted:
-                        _signal_all(roles, signal.SIGTERM)
+                    # The learner of a complete run waited for every collector it knew to say goodbye: those still
+                    # running are leaving, which a signal does not change, or were joining and never hear its word.
+                    _signal_all(roles, signal.SIGTERM)
                     stop_deadline = time.monotonic() + grace_s
             elif time.monotonic() > stop_deadline:
-                stuck = [r.spec.label for r in roles if r.process.poll() is None]
-                print(f"{node}: killing {', '.join(stuck)}, still running {grace_s:g} s after being asked to stop",
-                      file=sys.stderr, flush=True)
+                stuck = [r for r in roles if r.process.poll() is None]
+                if not complete:   # else the last line names them
+                    print(f"{node}: killing {', '.join(r.spec.label for r in stuck)}, still running {grace_s:g} s "
+                          f"after being asked to stop", file=sys.stderr, flush=True)
                 _signal_all(roles, signal.SIGKILL)
                 break
     finally:
@@ -195,9 +202,20 @@ def supervise(specs: list[RoleSpec], node: str, grace_s: float = 20.0, progress:
     if interrupted:
         return 128 + interrupted[0]
     bad = [r for r in roles if r.process.returncode != 0]
+    if complete or stop_deadline is None and _finished(roles):   # or every role ended between two polls
+        if bad:
+            print(f"{node}: the run is complete; not stopped cleanly, which does not fail it: " + ", ".join(
+                f"{r.spec.label} ({r.why()}" + (f", still running {grace_s:g} s after the run ended)" if r in stuck
+                                                else ")") for r in bad), flush=True)
+        return 0
     for role in bad:
         print(f"{node}: {role.spec.label} {role.why()}", file=sys.stderr, flush=True)
     return 1 if bad else 0
+
+
+def _finished(roles: list[_Role]) -> bool:
+    """The role that finishes the run has exited 0 (as of the roles' last poll)."""
+    return any(r.spec.finishes_run and r.process.returncode == 0 for r in roles)
 
 
 def _signal_all(roles: list[_Role], signum: int) -> None:

@@ -1,0 +1,343 @@
+"""Resuming a run that has ended: a no-op of one line that starts and writes nothing, unless the resuming config asks
+for more (a larger train.total_env_steps, a higher or no eval.stop_score). How a run ended (summary.json "ended"),
+and a node whose learner finished the run, which ends cleanly whatever a late collector does."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from test_end_to_end import ROOT, finish, launch, processes_of, scalars
+from test_faults import two_nodes
+from test_learner import chain_chunk, make_learner
+
+from rl_dqn import checkpoints
+from rl_dqn.cli import finished_already
+from rl_dqn.config import load_config
+from rl_dqn.evaluate import EvalResult
+from rl_dqn.supervisor import RoleSpec, supervise
+from rl_dqn.transport import TransportError
+
+# A run just long enough to train a little, no evaluation (as tests/test_end_to_end.py's SHORT).
+SHORT = ["train.total_env_steps=1536", "eval.every_env_steps=0"]
+
+
+def snapshot(folder: Path) -> dict[str, tuple[str | None, int]]:
+    """Every file and folder under `folder` (itself included): a file's content hash, and each one's mtime."""
+    return {str(path.relative_to(folder)): (hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None,
+                                            path.stat().st_mtime_ns)
+            for path in [folder, *sorted(folder.rglob("*"))]}
+
+
+def environment(runs: Path) -> dict[str, str]:
+    return dict(os.environ, RL_DQN_RUNS_DIR=str(runs), RL_DQN_PYTHON=sys.executable)
+
+
+def summary_of(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def cfg_of(*overrides: str):
+    return load_config(ROOT / "configs/smoke.yaml", ["run.name=r", *overrides])
+
+
+# ----------------------------------------------------------------------------------------- the decision
+
+
+def state(env_steps: int, stop_score_reached: dict | None = None, old: bool = False) -> dict:
+    schedule = {"next_eval": 0, "best_eval": None, "elapsed_s": 1.0}
+    if not old:   # checkpoints written before runs kept their stop-score ending have no such key
+        schedule["stop_score_reached"] = stop_score_reached
+    return {"counters": {"env_steps": env_steps, "updates": 1, "weights_version": 1}, "schedule": schedule}
+
+
+def test_a_run_at_its_total_env_steps_has_nothing_to_do_unless_given_a_larger_one():
+    line = finished_already(cfg_of("train.total_env_steps=12000"), state(12_288))
+    assert line == ("run r already reached train.total_env_steps=12,000 at 12,288 env steps: nothing to do; to train "
+                    "on, resume with a larger train.total_env_steps (e.g. train.total_env_steps=24000)")
+    # The example always goes past where the run stands.
+    assert "e.g. train.total_env_steps=24576)" in finished_already(cfg_of("train.total_env_steps=5000"), state(12_288))
+    assert finished_already(cfg_of("train.total_env_steps=12289"), state(12_288)) is None
+    assert finished_already(cfg_of("train.total_env_steps=12289"), state(12_288, old=True)) is None
+
+
+def test_a_run_that_ended_at_its_stop_score_has_nothing_to_do_unless_the_score_rises_or_goes():
+    stopped = {"eval": 19.7, "stop_score": 18.0, "env_steps": 603_112}
+    total = "train.total_env_steps=3000000"
+    line = finished_already(cfg_of(total, "eval.stop_score=18"), state(603_112, stopped))
+    assert line == ("run r already ended at its eval.stop_score=18 (eval 19.70 at 603,112 env steps): nothing to do; "
+                    "to train on, resume with eval.stop_score=null or a higher one (above 19.70)")
+    # Any stop score the evaluation reached ends it too; one above its score, or none, trains on.
+    assert finished_already(cfg_of(total, "eval.stop_score=19.7"), state(603_112, stopped)) == line
+    assert finished_already(cfg_of(total, "eval.stop_score=20"), state(603_112, stopped)) is None
+    assert finished_already(cfg_of(total, "eval.stop_score=null"), state(603_112, stopped)) is None
+    # A checkpoint from before runs kept this, or of a run that did not stop at a score.
+    assert finished_already(cfg_of(total, "eval.stop_score=18"), state(603_112, old=True)) is None
+    assert finished_already(cfg_of(total, "eval.stop_score=18"), state(603_112)) is None
+    # Both: the line asks for both.
+    both = finished_already(cfg_of("train.total_env_steps=600000", "eval.stop_score=18"), state(603_112, stopped))
+    assert both.endswith("resume with a larger train.total_env_steps (e.g. train.total_env_steps=1200000) and "
+                         "eval.stop_score=null or a higher one (above 19.70)"), both
+
+
+def test_a_checkpoint_written_after_a_stop_score_ending_holds_it_and_older_ones_still_load(tmp_path):
+    learner = make_learner(tmp_path, "eval.stop_score=475")
+    learner.ingest(chain_chunk(0, 0, episodes=30))
+    learner._evaluated(EvalResult(180, 2.0, 0, [470.0, 490.0], None, 0.1, 0.1))
+    assert learner.reached_stop_score
+    path = learner.save_checkpoint()
+    saved = checkpoints.load_state(path)
+    assert saved["schedule"]["stop_score_reached"] == {"eval": 480.0, "stop_score": 475.0, "env_steps": 180}
+    assert "ended at its eval.stop_score=475 (eval 480.00 at 180 env steps)" in finished_already(learner.cfg, saved)
+    # Reading the state leaves the replay file unread: a checkpoint whose replay is gone still answers.
+    (path.parent / saved["replay_file"]).unlink()
+    assert checkpoints.load_state(path)["counters"]["env_steps"] == 180
+    # A checkpoint without the key (written before it existed) resumes, and ends nothing by a score.
+    learner.save_checkpoint()
+    old = torch.load(path := checkpoints.newest(tmp_path), weights_only=True)
+    del old["schedule"]["stop_score_reached"]
+    torch.save(old, path)
+    fresh = make_learner(tmp_path / "again", "eval.stop_score=475")
+    fresh.restore(path)
+    assert fresh.intake.env_steps == 180 and not fresh.reached_stop_score
+    assert finished_already(fresh.cfg, checkpoints.load_state(path)) is None
+
+
+def test_a_checkpoint_that_cannot_be_read_is_one_line_and_exit_2(tmp_path):
+    folder = tmp_path / "broken" / "checkpoints"
+    folder.mkdir(parents=True)
+    (folder / "checkpoint_000000001.pt").write_bytes(b"not a checkpoint")
+    result = subprocess.run([sys.executable, "-m", "rl_dqn", "local", "configs/cartpole.yaml", "run.name=broken",
+                             "run.resume=true"], cwd=ROOT, capture_output=True, text=True,
+                            env=environment(tmp_path))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"rl_dqn: config error: run.resume: cannot continue from {folder}/"
+                                    f"checkpoint_000000001.pt: ") and len(result.stderr.splitlines()) == 1, \
+        result.stderr
+    assert result.stdout == ""
+
+
+# -------------------------------------------------------------------------------- how a learner ended
+
+
+class NoCollectors:
+    """A learner's endpoint that no collector joins."""
+
+    def __init__(self):
+        self.alive, self.lost, self.changes = set(), {}, queue.SimpleQueue()
+
+    def receive(self, timeout: float) -> list:
+        time.sleep(timeout)
+        return []
+
+    def publish(self, weights, env_steps: int | None = None) -> int:
+        return 0
+
+    def watch(self) -> None:
+        pass
+
+    def stop_collectors(self, timeout: float) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("ended", ["total_env_steps", "stop_score", "signal", "error"])
+def test_the_summary_says_how_the_run_ended(tmp_path, ended):
+    learner = make_learner(tmp_path, "eval.every_env_steps=0", "cluster.join_timeout_s=0.2",
+                           "train.total_env_steps=180" if ended == "total_env_steps" else "train.total_env_steps=1000")
+    for seq in range(3):
+        learner.ingest(chain_chunk(0, seq, episodes=10))   # 180 env steps
+    if ended == "stop_score":
+        learner._evaluated(EvalResult(180, 2.0, 0, [480.0], None, 0.1, 0.1))
+    elif ended == "signal":
+        learner.stop.set()
+    if ended == "error":
+        with pytest.raises(TransportError, match="no collector has been in the run"):
+            learner.run(NoCollectors())
+    else:
+        learner.run(NoCollectors())
+    assert learner.ended == ended
+    assert summary_of(tmp_path)["ended"] == ended
+    if ended == "total_env_steps":   # it trained what the replay ratio asked for
+        assert learner.trainer.updates == 16 * (180 - 64) // 32
+
+
+# ------------------------------------------------------------------------------------------ the node
+
+
+def role(label: str, code: str, *args: str, finishes_run: bool = False, restarts: int = 0) -> RoleSpec:
+    return RoleSpec(label, [sys.executable, "-c", code, *args], finishes_run=finishes_run, restarts=restarts)
+
+
+# The learner: it finishes once the collector is running (exit 0), or, with "wait", when asked to stop.
+LEARNER = """
+import os, pathlib, signal, sys, time
+started, pid_file = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+pid_file.write_text(str(os.getpid()))
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+while not started.exists() or sys.argv[3] == "wait":
+    time.sleep(0.05)
+print("[learner] done")
+"""
+
+# A collector that was joining as the run ended: once the learner has finished (its process is gone) or it is
+# asked to stop, it exits 1 ("error"), or it hangs there ("hang", deaf to SIGTERM), or, with "die", exits 1 at once.
+COLLECTOR = """
+import os, pathlib, signal, sys, time
+started, pid_file, how = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), sys.argv[3]
+def give_up(*_):
+    print("[collector0] error: stopped while joining the run", flush=True)
+    sys.exit(1)
+signal.signal(signal.SIGTERM, signal.SIG_IGN if how == "hang" else give_up)
+with open(started, "a") as f:
+    f.write("started\\n")
+if how == "die":
+    print("[collector0] error: the learner refused collector0")
+    sys.exit(1)
+while not pid_file.exists():
+    time.sleep(0.05)
+pid = int(pid_file.read_text())
+while True:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        break
+    time.sleep(0.05)
+if how == "hang":
+    while True:
+        time.sleep(1)
+give_up()
+"""
+
+
+def node(tmp_path, collector: str, learner: str = "finish", restarts: int = 3, grace_s: float = 20.0) -> int:
+    files = [str(tmp_path / "started"), str(tmp_path / "learner.pid")]
+    return supervise([role("learner", LEARNER, *files, learner, finishes_run=True),
+                      role("collector0", COLLECTOR, *files, collector, restarts=restarts)],
+                     node="local", grace_s=grace_s)
+
+
+def test_a_collector_that_fails_after_the_learner_finished_does_not_fail_the_node(tmp_path, capsys):
+    assert node(tmp_path, "error") == 0
+    out, err = capsys.readouterr()
+    assert "local: the run is complete; not stopped cleanly, which does not fail it: collector0 (exited with code " \
+           "1: [collector0] error: stopped while joining the run)" in out, out + err
+    # It was not started again, and nothing was said to be an error of the node.
+    assert (tmp_path / "started").read_text() == "started\n"
+    assert "died" not in err and "starting a new process" not in err, err
+
+
+def test_a_collector_that_hangs_after_the_learner_finished_is_killed_and_the_node_ends_cleanly(tmp_path, capsys):
+    assert node(tmp_path, "hang", grace_s=1.0) == 0
+    out, err = capsys.readouterr()
+    assert "local: the run is complete; not stopped cleanly, which does not fail it: collector0 (killed by SIGKILL, " \
+           "still running 1 s after the run ended)" in out, out + err
+    assert (tmp_path / "started").read_text() == "started\n"
+
+
+def test_a_collector_that_dies_before_the_run_ends_still_fails_the_node(tmp_path, capsys):
+    assert node(tmp_path, "die", learner="wait", restarts=0) == 1
+    _, err = capsys.readouterr()
+    assert "local: collector0 died (exited with code 1: [collector0] error: the learner refused collector0); " \
+           "stopping the other roles" in err, err
+
+
+# ------------------------------------------------------------------------------------ real runs
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """A smoke run that ended at its train.total_env_steps: its folder."""
+    runs = tmp_path_factory.mktemp("runs")
+    code, output = finish(launch("local.sh", "configs/smoke.yaml", "run.name=done", *SHORT,
+                                 env=environment(runs)), timeout=300)
+    assert code == 0, output[-3000:]
+    assert summary_of(runs / "done")["ended"] == "total_env_steps"
+    return runs / "done"
+
+
+@pytest.mark.slow
+def test_resuming_a_run_that_reached_its_total_starts_and_changes_nothing(finished):
+    runs = finished.parent
+    before = snapshot(runs)
+    code, output = finish(launch("local.sh", "configs/smoke.yaml", "run.name=done", *SHORT, "run.resume=true",
+                                 env=environment(runs)), timeout=120)
+    assert code == 0, output
+    assert output.splitlines() == [
+        "[local] run done already reached train.total_env_steps=1,536 at 1,536 env steps: nothing to do; to train on, "
+        "resume with a larger train.total_env_steps (e.g. train.total_env_steps=3072)"], output
+    assert "joining the run" not in output and not processes_of("done")
+    assert snapshot(runs) == before
+
+
+@pytest.mark.slow
+def test_a_multi_node_learner_resuming_a_finished_run_exits_before_joining(finished):
+    runs = finished.parent
+    before = snapshot(runs)
+    cluster, port = two_nodes("done", *SHORT, "run.resume=true")
+    code, output = finish(launch("learner.sh", "configs/smoke.yaml", *cluster, env=environment(runs)), timeout=120)
+    assert code == 0, output
+    assert output.splitlines() == [
+        "[learner] run done already reached train.total_env_steps=1,536 at 1,536 env steps: nothing to do; to train "
+        "on, resume with a larger train.total_env_steps (e.g. train.total_env_steps=3072)"], output
+    assert snapshot(runs) == before
+
+
+@pytest.mark.slow
+def test_a_larger_total_env_steps_extends_a_finished_run(finished, tmp_path):
+    runs = tmp_path
+    shutil.copytree(finished, runs / "more")
+    steps_before = summary_of(runs / "more")["env_steps"]
+    losses_before = len(scalars(runs / "more")["learner/loss"])
+    code, output = finish(launch("local.sh", "configs/smoke.yaml", "run.name=more", *SHORT, "run.resume=true",
+                                 "train.total_env_steps=3072", env=environment(runs)), timeout=300)
+    assert code == 0, output[-3000:]
+    assert "[learner] resumed from checkpoint_" in output and f"{steps_before:,} env steps" in output, output[-3000:]
+    summary = summary_of(runs / "more")
+    assert summary["ended"] == "total_env_steps" and summary["env_steps"] >= 3072 > steps_before
+    assert summary["resumed_at_s"] > 0
+    assert summary["updates"] == 2 * (summary["env_steps"] - 1000) // 32   # the replay ratio over both parts
+    assert len(scalars(runs / "more")["learner/loss"]) > losses_before
+    assert not processes_of("more")
+
+
+@pytest.mark.slow
+def test_a_run_ended_at_its_stop_score_resumes_only_with_none_or_a_higher_one(tmp_path):
+    """Any Pong score reaches -30: the run ends at its first evaluation, long before its total."""
+    runs, env = tmp_path, environment(tmp_path)
+    stop = ["run.name=won", "eval.stop_score=-30", "eval.video=false", "train.total_env_steps=100000"]
+    code, output = finish(launch("local.sh", "configs/smoke.yaml", *stop, env=env), timeout=300)
+    assert code == 0, output[-3000:]
+    summary = summary_of(runs / "won")
+    assert summary["ended"] == "stop_score", summary
+    stopped = checkpoints.load_state(checkpoints.newest(runs / "won"))["schedule"]["stop_score_reached"]
+    assert stopped["stop_score"] == -30 and stopped["eval"] >= -21 and stopped["env_steps"] >= 1000, stopped
+
+    before = snapshot(runs)
+    code, output = finish(launch("local.sh", "configs/smoke.yaml", *stop, "run.resume=true", env=env), timeout=120)
+    assert code == 0, output
+    assert output.splitlines() == [
+        f"[local] run won already ended at its eval.stop_score=-30 (eval {stopped['eval']:.2f} at "
+        f"{stopped['env_steps']:,} env steps): nothing to do; to train on, resume with eval.stop_score=null or a "
+        f"higher one (above {stopped['eval']:.2f})"], output
+    assert snapshot(runs) == before and not processes_of("won")
+
+    # With no stop score it trains on, to a total past where it stands; its checkpoint no longer says it stopped.
+    more = summary["env_steps"] + 1024
+    code, output = finish(launch("local.sh", "configs/smoke.yaml", *stop, "run.resume=true", "eval.stop_score=null",
+                                 "eval.every_env_steps=0", f"train.total_env_steps={more}", env=env), timeout=300)
+    assert code == 0, output[-3000:]
+    summary = summary_of(runs / "won")
+    assert summary["ended"] == "total_env_steps" and summary["env_steps"] >= more, summary
+    assert checkpoints.load_state(checkpoints.newest(runs / "won"))["schedule"]["stop_score_reached"] is None
