@@ -8,42 +8,13 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
-from test_end_to_end import ROOT, launch, processes_of, scalars, wait_for
+import torch
+from test_end_to_end import LONG, ROOT, Console, launch, points, processes_of, scalars, wait_for
 
 from rl_dqn.supervisor import free_port
-
-
-class Console:
-    """Reads a launcher's output as it comes, so a test can wait for a line."""
-
-    def __init__(self, process: subprocess.Popen):
-        self.process, self.lines = process, []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.process.stdout:
-            self.lines.append((time.monotonic(), line.rstrip("\n")))
-
-    def wait_for(self, text: str, timeout: float, after: float = 0.0) -> float:
-        """When the first line containing `text` printed after `after` came."""
-        def seen():
-            return next((t for t, line in list(self.lines) if text in line and t >= after), None)
-        return wait_for(seen, timeout, f"a line with {text!r}; last lines:\n{self.text[-3000:]}")
-
-    @property
-    def text(self) -> str:
-        return "\n".join(line for _, line in self.lines)
-
-    def finish(self, timeout: float) -> int:
-        try:
-            return self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            pytest.fail(f"{self.process.args} did not end within {timeout} s:\n{self.text[-3000:]}")
 
 
 @pytest.fixture
@@ -60,9 +31,6 @@ def runs(tmp_path, monkeypatch):
                 pass
 
 
-LONG = ["train.total_env_steps=10000000", "metrics.interval_s=1"]
-
-
 def pid_of(run: str, index: int) -> int:
     return int(wait_for(lambda: [line.split()[0] for line in processes_of(run) if f"--local-index={index}" in line],
                         timeout=60, what=f"collector{index} to start")[0])
@@ -70,6 +38,11 @@ def pid_of(run: str, index: int) -> int:
 
 def wait_for_training(run_dir) -> None:
     wait_for(lambda: len(scalars(run_dir).get("learner/loss", [])) >= 2, timeout=60, what="training")
+
+
+def wall_time(monotonic: float) -> float:
+    """time.time() at a time.monotonic() reading: when a console line came, on TensorBoard's clock."""
+    return time.time() - (time.monotonic() - monotonic)
 
 
 def end_with_sigterm(console: Console, runs, run: str) -> dict:
@@ -95,8 +68,19 @@ def test_a_killed_collector_is_replaced_while_the_learner_trains_on(runs):
     acting = console.wait_for("[collector1] acting in", timeout=30, after=rejoined)
     line = next(line for t, line in console.lines if t == acting and "[collector1] acting in" in line)
     assert line.endswith("epsilon 0.05..0.05"), line
-    # 30 s after the kill, and at least 5 s of acting for the new process (a slow machine restarts it late).
-    time.sleep(max(0.0, killed + 30 - time.monotonic(), acting + 5 - time.monotonic()))
+    # The run goes on until the new process's chunks have entered replay. They bring its system figures (once it
+    # has acted for metrics.interval_s), which the learner logs for the slot every interval: figures logged after
+    # the new process joined that were not logged before come from it. (The old process's last chunk entered
+    # replay before it was lost; the new one joined a restart delay and a start-up later, and the learner logged
+    # that chunk's figures in between.)
+    def new_figures() -> set[tuple[float, float]]:
+        found = points(runs / "kill")
+        logged = [(cpu.wall_time, (cpu.value, memory.value)) for cpu, memory in
+                  zip(found.get("system/collector1/cpu_percent", []), found.get("system/collector1/memory_mb", []))]
+        joined = wall_time(rejoined)
+        return {pair for t, pair in logged if t > joined} - {pair for t, pair in logged if t <= joined}
+    wait_for(new_figures, timeout=90, what=f"the new collector1's chunks to enter replay; last lines:\n"
+                                           f"{console.text[-3000:]}")
     summary = end_with_sigterm(console, runs, "kill")
     # The new process's chunks entered replay; nothing that arrived was lost.
     slot = summary["collectors"]["collector1"]
@@ -125,9 +109,13 @@ def test_a_hung_collector_is_dropped_and_replaced_when_it_wakes(runs):
     stopped = time.monotonic()
     lost = console.wait_for("[learner] collector1 lost: no answer within transport.rpc_timeout_s", timeout=20)
     assert lost - stopped < 5 + 3 + 3
-    steps_when_lost = scalars(runs / "hang")["learner/updates"][-1]
-    time.sleep(4)
-    assert scalars(runs / "hang")["learner/updates"][-1] > steps_when_lost, "the learner stopped training"
+
+    def trained_since_lost() -> bool:
+        """learner/updates, logged every interval, rose after the loss."""
+        logged = [(e.wall_time, e.value) for e in points(runs / "hang")["learner/updates"]]
+        before = max((v for t, v in logged if t <= wall_time(lost)), default=0.0)
+        return any(v > before for t, v in logged if t > wall_time(lost))
+    wait_for(trained_since_lost, timeout=60, what="the learner to train on with the other collector")
     os.kill(victim, signal.SIGCONT)
     console.wait_for("collector1 died", timeout=30, after=stopped)
     console.wait_for("[learner] collector1 joined (process 2 of its slot)", timeout=60, after=stopped)
@@ -142,15 +130,31 @@ def two_nodes(run: str, *extra: str) -> tuple[list[str], int]:
             f"run.name={run}", *extra], port
 
 
+def env_steps_of(checkpoint) -> int:
+    """The run's env steps when the checkpoint was written."""
+    return torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)["counters"]["env_steps"]
+
+
 def test_learner_death_then_resume_continues_the_run(runs):
     """kill -9 the learner of a two-node run: its collectors notice and exit cleanly within 30 s. Started again with
-    run.resume=true, the learner continues from its last checkpoint: counters, replay and curves go on."""
-    cluster, _ = two_nodes("resume", "learner.checkpoint_every_updates=40", "train.total_env_steps=6000",
-                           "metrics.interval_s=1", "eval.every_env_steps=0")
+    run.resume=true, the learner continues from its last checkpoint: counters, replay and curves go on. (The run is
+    killed long before its train.total_env_steps; the resumed part is given one a little beyond where the run had
+    come, and ends there by itself.)"""
+    cluster, _ = two_nodes("resume", "learner.checkpoint_every_updates=40", "eval.every_env_steps=0", *LONG)
     learner = Console(launch("learner.sh", "configs/smoke.yaml", *cluster))
     collectors = Console(launch("collector.sh", "configs/smoke.yaml", *cluster, "cluster.rank=1"))
     checkpoints = runs / "resume" / "checkpoints"
-    wait_for(lambda: len(list(checkpoints.glob("checkpoint_*.pt"))) >= 2, timeout=120, what="two checkpoints")
+
+    def checkpoint_after_a_loss_point() -> bool:
+        """Two checkpoints, the newer one later in the run than the loss curve's first point (so that the resumed
+        run keeps a part of the curve)."""
+        found = sorted(checkpoints.glob("checkpoint_*.pt"))
+        losses = points(runs / "resume").get("learner/loss") if len(found) >= 2 else None
+        try:
+            return bool(losses) and env_steps_of(found[-1]) > losses[0].step
+        except (OSError, RuntimeError):   # deleted as newer ones were written (learner.keep_checkpoints)
+            return False
+    wait_for(checkpoint_after_a_loss_point, timeout=120, what="two checkpoints")
     os.kill(learner.process.pid, signal.SIGKILL)    # learner.sh execs the learner: this is the learner
     killed = time.monotonic()
     assert collectors.finish(40) != 0
@@ -160,19 +164,29 @@ def test_learner_death_then_resume_continues_the_run(runs):
     assert not processes_of("resume")
     saved = sorted(checkpoints.glob("checkpoint_*.pt"))[-1]
     saved_updates = int(saved.stem.split("_")[1])
-    before = scalars(runs / "resume")
+    saved_env_steps = env_steps_of(saved)
+    before = [(e.step, e.value) for e in points(runs / "resume")["learner/loss"]]
+    total = max(saved_env_steps, *(step for step, _ in before)) + 1000   # past where the run had come
 
-    learner = Console(launch("learner.sh", "configs/smoke.yaml", *cluster, "run.resume=true"))
-    collectors = Console(launch("collector.sh", "configs/smoke.yaml", *cluster, "cluster.rank=1"))
+    learner = Console(launch("learner.sh", "configs/smoke.yaml", *cluster, "run.resume=true",
+                             f"train.total_env_steps={total}"))
+    collectors = Console(launch("collector.sh", "configs/smoke.yaml", *cluster, "cluster.rank=1",
+                                f"train.total_env_steps={total}"))
     assert learner.finish(180) == 0, learner.text[-3000:]
     assert collectors.finish(30) == 0, collectors.text[-3000:]
     resumed = next(line for _, line in learner.lines if "resumed from" in line)
     assert saved.name in resumed and "replay 0 transitions" not in resumed and "holds no replay" not in resumed
+    assert f"{saved_env_steps:,} env steps" in resumed, resumed
     summary = json.loads((runs / "resume" / "summary.json").read_text())
     # Counters went on from the checkpoint: the replay ratio holds over both parts of the run.
+    assert summary["env_steps"] >= total
     assert summary["updates"] == 2 * (summary["env_steps"] - 1000) // 32 > saved_updates
-    after = scalars(runs / "resume")
-    assert len(after["learner/loss"]) > len(before["learner/loss"])
+    # Curves go on from the checkpoint: what was logged before it is kept (what the killed learner logged after it
+    # is hidden), and the resumed part's points follow, up to past where the curve had stood.
+    after = [(e.step, e.value) for e in points(runs / "resume")["learner/loss"]]
+    kept = [p for p in before if p[0] < saved_env_steps]
+    assert kept and after[:len(kept)] == kept, (saved_env_steps, before, after)
+    assert all(step >= saved_env_steps for step, _ in after[len(kept):]) and after[-1][0] >= total, after
     assert not processes_of("resume")
 
 
