@@ -2,16 +2,28 @@
 to reach each score, and where the wall time went.
 
     python benchmarks/learning.py CONFIG [--seeds 1,2,3] [--minutes 10] [--stop-at 18] [--scores 0,10,18]
-                                  [--prefix NAME] [--kill-collector-at MIN] [--kill-learner-at MIN [--downtime S]]
+                                  [--prefix NAME] [--kill-collector-at MIN | --kill-collector-at-env-steps N]
+                                  [--kill-learner-at MIN | --kill-learner-at-env-steps N] [--downtime S]
                                   [section.key=value ...]
 
 Each seed runs alone, one after another, as `./launch/local.sh CONFIG run.seed=S run.name=<prefix>-s<S>
-[overrides]`, and is stopped (SIGINT: a final checkpoint, then exit) after `--minutes` of wall time, or as soon as
-an evaluation reaches `--stop-at`. Time to a score is the run's clock from the launch of the command to the end of
-the first evaluation round whose mean score reached it, so start-up and evaluation are inside it. Ctrl-C or SIGTERM
-to this script (also where it was started in the background of a script), or SIGINT to the run by hand, stops that
-seed as its time limit would, runs no further seed and prints the table of what ran (exit code 130); between a
-killed learner and its resumption (below) it resumes nothing, and the run stays at its last checkpoint.
+[overrides]`, its output in runs/<prefix>-s<S>.log. If the folder of any requested seed already holds a run, nothing
+runs (exit code 2): a run there would be refused, or resumed and timed as if it were new. A seed ends when its run
+ends by itself, at train.total_env_steps or at an evaluation that reached eval.stop_score (the `ended` of the
+summary.json that launch wrote), or when this script stops it (SIGINT: a final checkpoint, then exit) after
+`--minutes` of wall time or as soon as an evaluation reaches `--stop-at`; one line says which. Time to a score is
+the run's clock from the launch of the command to the end of the first evaluation round whose mean score reached
+it, so start-up and evaluation are inside it.
+
+A run that is refused (exit code 2: a config error, a resume with no checkpoint to resume from), or that fails by
+itself (its learner died without a summary, or ended on an error), is not resumed: this script resumes only the
+learner it killed (below), since an unplanned failure is a finding to report, and one that recurs would be
+resumed until the time limit. Its last error line is printed, the next seed runs, and the exit code is 1.
+
+Ctrl-C or SIGTERM to this script (also where it was started in the background of a script), or SIGINT to the run
+by hand (or SIGINT or SIGTERM to its learner), stops that seed as its time limit would, runs no further seed and
+prints the table of what ran (exit code 130); between a killed learner and its resumption (below) it resumes
+nothing, and the run stays at its last checkpoint.
 
 Where the time went, for each run (from its summary.json and TensorBoard events): start-up (launch to the first
 chunk in replay, and to the first update), the share of wall time the learner spent in updates, the CPU use of the
@@ -22,9 +34,14 @@ collectors, from TensorBoard, is the whole run's. Nothing else should run on the
 machine another job's CPU comes out of the run's time.
 
 Faults while it learns: `--kill-collector-at` SIGKILLs collector0 (its node's launcher starts a new process in its
-slot), `--kill-learner-at` SIGKILLs the learner (its node stops), and `--downtime` seconds later the run is launched
-again with run.resume=true. The run's clock then leaves out the downtime, so each score's time is also given in wall
-time from the first launch.
+slot) and `--kill-learner-at` SIGKILLs the learner (its node stops), at minutes of wall time from the first launch;
+`--kill-collector-at-env-steps` and `--kill-learner-at-env-steps` do so once the run has taken that many env steps,
+which holds at any machine speed. The env steps are those the learner last printed to the log (`[learner] env steps
+1,234/12,000 ...`, every metrics.interval_s), so such a kill comes up to one interval late. `--downtime` seconds
+after the killed learner's node stops, the run is launched again with run.resume=true; a learner killed before its
+first checkpoint leaves nothing to resume from (refused, as above). A kill still pending when the run ends is named
+in a warning: that process was not killed. The run's clock leaves out the downtime, so each score's time is also
+given in wall time from the first launch.
 """
 
 from __future__ import annotations
@@ -32,6 +49,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -46,87 +64,187 @@ sys.path.insert(0, str(ROOT))
 from rl_dqn.cli import LAUNCHED_AT_ENV  # noqa: E402
 from rl_dqn.console import duration  # noqa: E402
 from rl_dqn.plot import EvalPoint, PlotError, first_reaching, load_events, read_evals, score_list, table  # noqa: E402
+from rl_dqn.supervisor import EXIT_BAD_INPUT  # noqa: E402
 
 POLL_S = 10.0
+KILL_POLL_S = 0.5   # while a kill at a number of env steps is pending: a fraction of the usual metrics.interval_s
+INTERRUPTED = (-signal.SIGINT, 128 + signal.SIGINT)
+# summary.json's `ended` of a run that is over: it is never resumed.
+ENDINGS = {"total_env_steps": "it reached train.total_env_steps",
+           "stop_score": "an evaluation reached its eval.stop_score"}
 
 
 def runs_dir() -> Path:
     return Path(os.environ.get("RL_DQN_RUNS_DIR") or ROOT / "runs")
 
 
+class Kill(NamedTuple):
+    """When a process of the run is SIGKILLed: `at` wall seconds from the first launch, or once the run's env steps
+    reach `at`."""
+    at: float
+    unit: str = "s"   # "s" or "env steps"
+
+    def due(self, elapsed_s: float, env_steps: int) -> bool:
+        return (elapsed_s if self.unit == "s" else env_steps) >= self.at
+
+    def when(self) -> str:
+        return duration(self.at) if self.unit == "s" else f"{self.at:,.0f} env steps"
+
+
 class Faults(NamedTuple):
-    """Processes killed with SIGKILL during a run, at wall seconds from its launch (None: never)."""
-    collector_at_s: float | None = None   # collector0; its node's launcher starts a new one in its slot
-    learner_at_s: float | None = None     # the learner; its node stops, and after `downtime_s` the run is resumed
+    """Processes killed with SIGKILL during a run (None: never)."""
+    collector: Kill | None = None   # collector0; its node's launcher starts a new one in its slot
+    learner: Kill | None = None     # the learner; its node stops, and after `downtime_s` the run is resumed
     downtime_s: float = 30.0
 
 
+class Outcome(NamedTuple):
+    launched: float     # time.time() at the first launch
+    wall_s: float       # from there to the end of the last launch
+    interrupted: bool   # this script was sent SIGINT or SIGTERM, or the run was stopped by a signal from outside
+    failed: bool        # refused (exit code 2) or failed by itself, and not resumed
+
+
 def run_one(config: str, seed: int, name: str, overrides: list[str], limit_s: float, stop_at: float | None,
-            log: Path, faults: Faults = Faults()) -> tuple[float, float, bool]:
-    """Runs one seed to its time limit (wall time from its first launch) or its score, killing what `faults` says
-    when it says (a killed learner's run is resumed with run.resume=true); returns time.time() at the first launch,
-    the wall seconds from there to the end, and whether the run was interrupted (this script was sent SIGINT or
-    SIGTERM, or the run was stopped with SIGINT from outside), in which case it was stopped as at its time limit."""
-    interrupted = False
+            log: Path, faults: Faults = Faults()) -> Outcome:
+    """Runs one seed until it ends by itself, reaches `stop_at` or its time limit (wall time from its first launch),
+    killing what `faults` says when it says; the run is resumed with run.resume=true after its learner was killed
+    here, and after nothing else. An interrupted run was stopped as at its time limit."""
     argv = [str(ROOT / "launch/local.sh"), config, f"run.seed={seed}", f"run.name={name}", *overrides]
+    folder = runs_dir() / name
     launched = time.time()
-    due = {"collector": faults.collector_at_s, "learner": faults.learner_at_s}
-    progress = Progress(runs_dir() / name)
+    pending = {role: kill for role, kill in (("collector", faults.collector), ("learner", faults.learner)) if kill}
+    evaluations, steps = Progress(folder), EnvSteps(log)
+    interrupted = failed = False
     with open(log, "w") as out:
         while True:
             print(f"$ {shlex.join(argv)}", flush=True)
+            started, log_from = time.time(), log.stat().st_size
             # A resumed run's clock goes on from its checkpoint's, counting from this launch.
-            env = dict(os.environ, **{LAUNCHED_AT_ENV: repr(time.time())})
+            env = dict(os.environ, **{LAUNCHED_AT_ENV: repr(started)})
             process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+            killed_learner, checked = False, started
             try:
                 while process.poll() is None and time.time() - launched < limit_s:
                     # Wakes for the next kill that is due, and as soon as the run exits.
-                    wake = min([limit_s, *(at for at in due.values() if at is not None)]) - (time.time() - launched)
+                    elapsed = time.time() - launched
+                    wake = [POLL_S, limit_s - elapsed]
+                    wake += [kill.at - elapsed if kill.unit == "s" else KILL_POLL_S for kill in pending.values()]
                     try:
-                        process.wait(timeout=min(POLL_S, max(wake, 0.1)))
+                        process.wait(timeout=max(min(wake), 0.1))
                     except subprocess.TimeoutExpired:
                         pass
                     if process.poll() is not None:
                         break
-                    for role, at in due.items():
-                        if at is not None and time.time() - launched >= at:
-                            due[role] = None
-                            pid = _kill(name, role)
-                            print(f"  {duration(time.time() - launched)} from launch: killed the {role} (pid {pid}) "
-                                  f"with SIGKILL", flush=True)
-                    if stop_at is not None and progress.reached(stop_at):
-                        print(f"  reached {stop_at:g}: stopping the run", flush=True)
-                        break
+                    elapsed, env_steps = time.time() - launched, steps.newest()
+                    for role, kill in list(pending.items()):
+                        # No such process (a collector between two processes, a run ending): tried again next time.
+                        if kill.due(elapsed, env_steps) and (pid := _kill(name, role)):
+                            del pending[role]
+                            killed_learner |= role == "learner"
+                            print(f"  {duration(elapsed)} from launch, at {env_steps:,} env steps: killed the {role} "
+                                  f"(pid {pid}) with SIGKILL", flush=True)
+                    if stop_at is not None and time.time() - checked >= POLL_S:
+                        checked = time.time()
+                        if evaluations.reached(stop_at):
+                            print(f"  reached {stop_at:g}: stopping the run", flush=True)
+                            break
+                else:   # the time limit, unless the run exited meanwhile
+                    if process.poll() is None:
+                        print(f"  {duration(limit_s)} from launch, the time limit: stopping the run", flush=True)
             except KeyboardInterrupt:
                 interrupted = True
             finally:
                 stopped_here = _stop(process)
-            # Ended by a SIGINT that did not come from here: someone stopped the run by hand.
-            interrupted |= not stopped_here and process.returncode in (-signal.SIGINT, 128 + signal.SIGINT)
-            if interrupted or process.returncode in (0, -signal.SIGINT, 128 + signal.SIGINT) \
-                    or time.time() - launched >= limit_s:
+            code, ended = process.returncode, _ended(folder, since=started)
+            at = f"{duration(time.time() - launched)} from launch"
+            # Ended by a signal that did not come from here: someone stopped the run by hand.
+            interrupted |= not stopped_here and (code in INTERRUPTED or ended == "signal")
+            if interrupted:
                 break
-            print(f"  the run stopped (exit code {process.returncode}) {duration(time.time() - launched)} from launch; "
-                  f"resuming it in {faults.downtime_s:g} s", flush=True)
-            try:
-                time.sleep(faults.downtime_s)
-            except KeyboardInterrupt:   # the run stays stopped at its last checkpoint; run.resume=true goes on
-                interrupted = True
+            if ended in ENDINGS or (not stopped_here and code == 0 and ended != "error"):
+                how = "ended"
+                print(f"  the run ended {at}: {ENDINGS.get(ended, 'exit code 0')}", flush=True)
+            elif stopped_here:   # at its time limit or --stop-at
+                how = "was stopped"
+            elif code == EXIT_BAD_INPUT or not killed_learner or ended == "error":
+                what = "was refused" if code == EXIT_BAD_INPUT else "failed"
+                print(f"  the run {what} (exit code {code}) {at}, not resumed: {_last_error(log, log_from)} "
+                      f"(its output: {log})", flush=True)
+                failed = True
                 break
-            argv = [*argv, "run.resume=true"] if "run.resume=true" not in argv else argv
-    if process.returncode not in (0, -signal.SIGINT, 128 + signal.SIGINT):
-        print(f"  exited with code {process.returncode}; its output: {log}", flush=True)
-    return launched, time.time() - launched, interrupted
+            elif time.time() - launched >= limit_s:
+                print(f"  the run stopped (exit code {code}) {at}, at its time limit: not resumed", flush=True)
+                break
+            else:
+                print(f"  the run stopped (exit code {code}) {at}; resuming it in {faults.downtime_s:g} s", flush=True)
+                try:
+                    time.sleep(faults.downtime_s)
+                except KeyboardInterrupt:   # the run stays stopped at its last checkpoint; run.resume=true goes on
+                    interrupted = True
+                    break
+                argv = [*argv, "run.resume=true"] if "run.resume=true" not in argv else argv
+                continue
+            for role, kill in pending.items():
+                print(f"  the run {how} {at}, before the {role}'s scheduled kill at {kill.when()}: the {role} was "
+                      f"not killed", flush=True)
+            break
+    return Outcome(launched, time.time() - launched, interrupted, failed)
 
 
-def _kill(name: str, role: str) -> int:
-    """SIGKILLs the run's learner, or its collector0."""
+def _ended(run_dir: Path, since: float) -> str | None:
+    """How the run ended, as the summary.json written after `since` (time.time()) says; None without one (a learner
+    killed with SIGKILL writes none, and leaves an earlier process's in place)."""
+    path = run_dir / "summary.json"
+    try:
+        if path.stat().st_mtime < since:
+            return None
+        return json.loads(path.read_text()).get("ended")
+    except (OSError, ValueError):
+        return None
+
+
+def _last_error(log: Path, start: int) -> str:
+    """The last error line that a launch wrote to the log from byte `start` on, or else its last line."""
+    with open(log, "rb") as f:
+        f.seek(start)
+        lines = [line.strip() for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+    errors = [line for line in lines if "] error: " in line or line.startswith("rl_dqn: ") or " died (" in line]
+    return (errors or lines or ["it printed nothing"])[-1]
+
+
+class EnvSteps:
+    """The run's env steps as its learner last printed them to the seed's log (`[learner] env steps 1,234/12,000
+    ...`, every metrics.interval_s), reading only what was written since the last call."""
+
+    LINE = re.compile(rb"^\[learner\] env steps ([\d,]+)/", re.MULTILINE)
+
+    def __init__(self, log: Path):
+        self.log, self.read_to, self.rest, self.steps = log, 0, b"", 0
+
+    def newest(self) -> int:
+        with open(self.log, "rb") as f:
+            f.seek(self.read_to)
+            new = f.read()
+        self.read_to += len(new)
+        # A line still being written is kept for the next call.
+        whole, _, self.rest = (self.rest + new).rpartition(b"\n")
+        for found in self.LINE.finditer(whole):
+            self.steps = int(found[1].replace(b",", b""))
+        return self.steps
+
+
+def _kill(name: str, role: str) -> int | None:
+    """SIGKILLs the run's learner, or its collector0; returns its pid, or None where there is no such process."""
     pattern = f"rl_dqn learner .*run.name={name}( |$)" if role == "learner" else \
         f"rl_dqn collector .*run.name={name} .*--local-index=0"
     pids = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
     if not pids:
-        raise RuntimeError(f"no {role} process of run {name} to kill")
-    os.kill(int(pids[0]), signal.SIGKILL)
+        return None
+    try:
+        os.kill(int(pids[0]), signal.SIGKILL)
+    except ProcessLookupError:   # it ended meanwhile
+        return None
     return int(pids[0])
 
 
@@ -211,10 +329,14 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=10.0, help="wall minutes per run (default 10)")
     parser.add_argument("--stop-at", type=float, default=None, help="stop a run once an evaluation reaches this")
     parser.add_argument("--scores", type=score_list, default=[0.0, 10.0, 18.0], help="default 0,10,18")
-    parser.add_argument("--kill-collector-at", type=float, default=None, metavar="MINUTES",
-                        help="SIGKILL collector0 this many minutes after launch (its launcher starts a new one)")
-    parser.add_argument("--kill-learner-at", type=float, default=None, metavar="MINUTES",
-                        help="SIGKILL the learner this many minutes after launch, then resume the run")
+    for role, who, then in (("collector", "collector0", " (its launcher starts a new one)"),
+                            ("learner", "the learner", ", then resume the run")):
+        group = parser.add_mutually_exclusive_group()
+        group.add_argument(f"--kill-{role}-at", type=float, default=None, metavar="MINUTES",
+                           help=f"SIGKILL {who} this many minutes after launch{then}")
+        group.add_argument(f"--kill-{role}-at-env-steps", type=int, default=None, metavar="N",
+                           help=f"SIGKILL {who} once the run has taken N env steps, as its learner last printed "
+                                f"them{then}")
     parser.add_argument("--downtime", type=float, default=30.0, metavar="SECONDS",
                         help="seconds between the killed learner's run stopping and its resumption (default 30)")
     parser.add_argument("--prefix", default="", help="run names are <prefix>-s<seed> (default: the config's name "
@@ -228,24 +350,33 @@ def main() -> int:
         parser.error(f"--minutes must be > 0, got {args.minutes}")
     if not (ROOT / args.config).is_file() and not Path(args.config).is_file():
         parser.error(f"no such config: {args.config}")
+    faults = Faults(_kill_at(parser, args, "collector"), _kill_at(parser, args, "learner"), args.downtime)
+    prefix = args.prefix or f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    # A run there would be refused (exit code 2), and so resumed, and timed, as if it were this seed's.
+    taken = [folder for seed in seeds if _holds_a_run(folder := runs_dir() / f"{prefix}-s{seed}")]
+    if taken:
+        parser.exit(2, f"{parser.prog}: error: {', '.join(map(_shown, taken))} already "
+                       f"{'holds a run' if len(taken) == 1 else 'hold runs'}; choose another --prefix\n")
     # Ctrl-C or SIGTERM stops the seed that runs and ends the benchmark with what it has, also where this was started
     # in the background of a script, which inherits SIGINT ignored.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupt)
-    prefix = args.prefix or f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     results: dict[str, list[EvalPoint]] = {}
+    failed = False
     runs_dir().mkdir(parents=True, exist_ok=True)   # RL_DQN_RUNS_DIR may name a folder not made yet
     for seed in seeds:
         name = f"{prefix}-s{seed}"
         folder = runs_dir() / name
-        faults = Faults(None if args.kill_collector_at is None else 60 * args.kill_collector_at,
-                        None if args.kill_learner_at is None else 60 * args.kill_learner_at, args.downtime)
-        launched, wall, interrupted = run_one(args.config, seed, name, args.overrides, 60 * args.minutes,
-                                              args.stop_at, runs_dir() / f"{name}.log", faults)
+        outcome = run_one(args.config, seed, name, args.overrides, 60 * args.minutes, args.stop_at,
+                          runs_dir() / f"{name}.log", faults)
+        launched, wall, interrupted = outcome.launched, outcome.wall_s, outcome.interrupted
+        failed |= outcome.failed
         later = seeds[seeds.index(seed) + 1:]
         if interrupted:
             print(f"  interrupted {duration(wall)} from launch: seed {seed} stopped"
                   + (f", seeds {','.join(map(str, later))} not run" if later else ""), flush=True)
+        if outcome.failed and not any(folder.glob("events.out.tfevents.*")):   # refused: nothing to read back
+            continue
         try:
             results[name] = read_evals(folder)
         except PlotError as e:
@@ -254,7 +385,7 @@ def main() -> int:
                 break
             continue
         print(f"  {duration(wall)} from launch to exit; " + where_time_went(folder), flush=True)
-        if faults != Faults():
+        if faults.collector or faults.learner:
             # The run's clock leaves out the time between the learner's death and the resumed launch.
             for score in args.scores:
                 if (point := first_reaching(results[name], score)) is not None:
@@ -267,7 +398,33 @@ def main() -> int:
         return 1
     print()
     print(table(results, args.scores))
-    return 130 if interrupted else 0
+    return 130 if interrupted else 1 if failed else 0
+
+
+def _kill_at(parser: argparse.ArgumentParser, args, role: str) -> Kill | None:
+    minutes, env_steps = getattr(args, f"kill_{role}_at"), getattr(args, f"kill_{role}_at_env_steps")
+    if minutes is not None:
+        if minutes < 0:
+            parser.error(f"--kill-{role}-at must be >= 0, got {minutes}")
+        return Kill(60 * minutes)
+    if env_steps is not None:
+        if env_steps < 1:
+            parser.error(f"--kill-{role}-at-env-steps must be >= 1, got {env_steps}")
+        return Kill(env_steps, "env steps")
+    return None
+
+
+def _holds_a_run(folder: Path) -> bool:
+    """As the run itself decides: a folder that is there and not empty."""
+    return folder.is_dir() and any(folder.iterdir())
+
+
+def _shown(path: Path) -> str:
+    """`path` from the working directory where it is below it (runs/bench-s1), else as it is."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 if __name__ == "__main__":

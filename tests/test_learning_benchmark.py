@@ -1,5 +1,7 @@
-"""benchmarks/learning.py on the tiny smoke config: a run with a collector and then the learner killed, the run
-resumed, and the time to a score read back, in wall time from the first launch and on the run's clock."""
+"""benchmarks/learning.py on the tiny smoke config: a run with a collector and then the learner killed at points of
+its own progress, the run resumed, and the time to a score read back, in wall time from the first launch and on the
+run's clock; a run that ended (at its total, at its own stop score) is never resumed, one that is refused is not
+retried, a reused prefix is refused, and a kill that comes too late is named."""
 
 from __future__ import annotations
 
@@ -14,35 +16,128 @@ from pathlib import Path
 
 import pytest
 
+from rl_dqn.plot import read_evals
+
 ROOT = Path(__file__).resolve().parents[1]
+BENCHMARK = [sys.executable, "benchmarks/learning.py", "configs/smoke.yaml"]
+
+
+def _env(runs: Path) -> dict[str, str]:
+    return dict(os.environ, RL_DQN_RUNS_DIR=str(runs), RL_DQN_PYTHON=sys.executable)
+
+
+def _assert_evaluated(run: Path) -> None:
+    """Every round of Pong scores in [-21, 21], so every round reaches these tests' --scores -21, the one score that
+    a smoke run, too short to learn, reaches for sure. What a broken run fails is the rest: rounds that ran and were
+    logged (without them the benchmark prints no time to -21 and its table says "not reached"), scoring as Pong does."""
+    scores = [point.mean for point in read_evals(run)]
+    assert scores and all(-21 <= score <= 21 for score in scores), scores
+
+
+def _kill_line(out: str, role: str) -> int:
+    """The env steps at which the benchmark says it killed `role`."""
+    found = re.search(rf"at ([\d,]+) env steps: killed the {role} \(pid \d+\) with SIGKILL", out)
+    assert found, out
+    return int(found[1].replace(",", ""))
 
 
 @pytest.mark.slow
 def test_the_learning_benchmark_kills_resumes_and_reports_time_to_a_score(tmp_path):
+    """The kills come at env steps of the run, as its learner printed them, so the run is mid-way at any machine
+    speed: collector0 at 3,000 and the learner at 6,000 of 12,000. A checkpoint every 20 updates (one per 320 env
+    steps after train.learning_starts=1000, at train.replay_ratio=2) leaves the learner one to resume from."""
     runs = tmp_path / "runs"   # not there yet: the benchmark makes it
-    env = dict(os.environ, RL_DQN_RUNS_DIR=str(runs), RL_DQN_PYTHON=sys.executable)
     result = subprocess.run(
-        [sys.executable, "benchmarks/learning.py", "configs/smoke.yaml", "--prefix", "bench", "--minutes", "3",
-         "--kill-collector-at", "0.25", "--kill-learner-at", "0.45", "--downtime", "2", "--scores", "-30",
-         "train.total_env_steps=12000", "learner.checkpoint_every_updates=20", "eval.video=false"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+        [*BENCHMARK, "--prefix", "bench", "--minutes", "8", "--kill-collector-at-env-steps", "3000",
+         "--kill-learner-at-env-steps", "6000", "--downtime", "2", "--scores", "-21", "train.total_env_steps=12000",
+         "learner.checkpoint_every_updates=20", "metrics.interval_s=1", "eval.video=false"],
+        cwd=ROOT, env=_env(runs), capture_output=True, text=True, timeout=600)
     out = result.stdout
     assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
-    assert re.search(r"killed the collector \(pid \d+\) with SIGKILL", out), out
-    assert re.search(r"killed the learner \(pid \d+\) with SIGKILL", out), out
-    assert "resuming it in 2 s" in out and "run.resume=true" in out
+    assert 3000 <= _kill_line(out, "collector") < 6000 <= _kill_line(out, "learner") < 12000, out
+    assert out.count("resuming it in 2 s") == 1 and "run.resume=true" in out, out
+    assert "scheduled kill" not in out, out
     log = (runs / "bench-s1.log").read_text()
     assert "collector0 died" in log and "resumed from checkpoint_" in log
-    # Every score is at least -30: the first round reached it, timed both ways.
-    assert re.search(r"reached -30 \S+ from the first launch in wall time \(\S+ on the run's clock\)", out), out
+    # The resumed run ended at its total, and that ending was not taken for a crash.
+    summary = json.loads((runs / "bench-s1/summary.json").read_text())
+    assert summary["ended"] == "total_env_steps" and summary["env_steps"] >= 12000, summary
+    assert re.search(r"the run ended \S+ from launch: it reached train.total_env_steps", out), out
+    _assert_evaluated(runs / "bench-s1")
+    assert re.search(r"reached -21 \S+ from the first launch in wall time \(\S+ on the run's clock\)", out), out
     # Where the time went, of the resumed process: its start-up counts from its own launch.
     found = re.search(r"first chunk ([\d.]+) s, first update ([\d.]+) s after resuming at \S+ on the run's clock; "
                       r"[\d,]+ env steps", out)
-    summary = json.loads((runs / "bench-s1/summary.json").read_text())
     assert found and summary["resumed_at_s"] > 0, out
     assert float(found[1]) == round(summary["first_data_s"] - summary["resumed_at_s"], 1)
     assert float(found[2]) == round(summary["training_start_s"] - summary["resumed_at_s"], 1)
-    assert out.splitlines()[-1].startswith("bench-s1 ")
+    assert out.splitlines()[-1].startswith("bench-s1 ") and "not reached" not in out.splitlines()[-1], out
+
+
+@pytest.mark.slow
+def test_a_finished_run_is_not_resumed_and_kills_scheduled_after_its_end_are_named(tmp_path):
+    """The smoke run ends at its 4,000 env steps long before the learner's kill at 4 minutes and never reaches the
+    collector's at 50,000 env steps: the benchmark says so, kills nothing, resumes nothing and does not wait for the
+    kill's time."""
+    started = time.monotonic()
+    result = subprocess.run(
+        [*BENCHMARK, "--prefix", "late", "--minutes", "6", "--kill-learner-at", "4",
+         "--kill-collector-at-env-steps", "50000", "--downtime", "2", "--scores", "-21", "eval.video=false"],
+        cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=400)
+    out = result.stdout
+    assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
+    assert time.monotonic() - started < 4 * 60, out
+    assert re.search(r"the run ended \S+ from launch: it reached train.total_env_steps", out), out
+    assert re.search(r"the run ended \S+ from launch, before the learner's scheduled kill at 4m00s: the learner "
+                     r"was not killed", out), out
+    assert re.search(r"the run ended \S+ from launch, before the collector's scheduled kill at 50,000 env steps: "
+                     r"the collector was not killed", out), out
+    assert "killed the" not in out and "resuming it in" not in out and "run.resume=true" not in out, out
+    assert json.loads((tmp_path / "late-s1/summary.json").read_text())["ended"] == "total_env_steps"
+    _assert_evaluated(tmp_path / "late-s1")
+
+
+def test_a_reused_prefix_is_refused_in_one_line_before_anything_runs(tmp_path):
+    """A run folder of any requested seed that holds a run would be refused by the run, and so resumed and timed as
+    if it were new: the benchmark refuses it first, and runs no seed."""
+    (tmp_path / "bench-s2").mkdir()
+    (tmp_path / "bench-s2/summary.json").write_text("{}")
+    result = subprocess.run([*BENCHMARK, "--prefix", "bench", "--seeds", "1,2"], cwd=ROOT, env=_env(tmp_path),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr == f"learning.py: error: {tmp_path / 'bench-s2'} already holds a run; choose another " \
+                            f"--prefix\n" and result.stdout == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench-s2"]
+
+
+def test_a_refused_run_is_not_resumed_and_the_next_seed_runs(tmp_path):
+    """Exit code 2 is bad input: the same launch would be refused again. Each seed's error line is printed once, and
+    the benchmark ends with exit code 1."""
+    result = subprocess.run([*BENCHMARK, "--prefix", "bad", "--seeds", "1,2", "--kill-learner-at-env-steps", "100",
+                             "train.no_such_key=1"], cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True,
+                            timeout=120)
+    out = result.stdout
+    assert result.returncode == 1, out + result.stderr
+    for seed in (1, 2):
+        assert len(re.findall(rf"run.name=bad-s{seed}", out)) == 1, out
+    assert len(re.findall(r"the run was refused \(exit code 2\) \S+ from launch, not resumed: rl_dqn: config error: "
+                          r"train.no_such_key: unknown key", out)) == 2, out
+    assert "resuming it in" not in out and "scheduled kill" not in out and "Traceback" not in result.stderr, out
+
+
+@pytest.mark.slow
+def test_a_learner_killed_before_its_first_checkpoint_is_resumed_once_and_then_refused(tmp_path):
+    """With the smoke config's checkpoint every 1,000 updates (at about 17,000 env steps), the learner killed at 2,000
+    leaves no checkpoint: the resume is refused ("holds no checkpoint", exit code 2) and not tried again."""
+    result = subprocess.run(
+        [*BENCHMARK, "--prefix", "early", "--minutes", "5", "--kill-learner-at-env-steps", "2000", "--downtime", "1",
+         "train.total_env_steps=1000000", "eval.video=false"],
+        cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=400)
+    out = result.stdout
+    assert result.returncode == 1, out[-3000:] + result.stderr[-3000:]
+    assert out.count("resuming it in 1 s") == 1 and out.count("run.resume=true") == 1, out
+    assert re.search(r"the run was refused \(exit code 2\) \S+ from launch, not resumed: .*holds no checkpoint to "
+                     r"resume from", out), out
 
 
 def _wait_for_first_evaluation(run: Path, process: subprocess.Popen, timeout_s: float = 180) -> None:
@@ -69,12 +164,11 @@ def _kill_group(process: subprocess.Popen) -> None:
 def test_an_interrupted_seed_ends_the_benchmark_with_what_it_has(tmp_path, who):
     """SIGINT to the benchmark, even started where SIGINT is ignored (the background of a script), or to the run by
     hand, stops that seed as its time limit would, runs no further seed, and prints the table of what ran."""
-    env = dict(os.environ, RL_DQN_RUNS_DIR=str(tmp_path), RL_DQN_PYTHON=sys.executable)
     process = subprocess.Popen(
-        [sys.executable, "benchmarks/learning.py", "configs/smoke.yaml", "--prefix", "stop", "--seeds", "1,2",
-         "--minutes", "3", "--scores", "-30", "train.total_env_steps=1000000", "eval.video=false"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        [*BENCHMARK, "--prefix", "stop", "--seeds", "1,2", "--minutes", "3", "--scores", "-21",
+         "train.total_env_steps=1000000", "eval.video=false"],
+        cwd=ROOT, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         _wait_for_first_evaluation(tmp_path / "stop-s1", process)
         if who == "the benchmark":
@@ -95,14 +189,13 @@ def test_an_interrupted_seed_ends_the_benchmark_with_what_it_has(tmp_path, who):
 def test_an_interrupt_between_a_killed_learner_and_its_resumption_ends_the_benchmark(tmp_path):
     """SIGINT while the benchmark waits to resume a run whose learner it killed: it resumes nothing, runs no further
     seed and prints the table of what ran, instead of raising out of its wait."""
-    env = dict(os.environ, RL_DQN_RUNS_DIR=str(tmp_path), RL_DQN_PYTHON=sys.executable)
     stdout = tmp_path / "benchmark.out"
     with open(stdout, "w") as out:
         process = subprocess.Popen(
-            [sys.executable, "benchmarks/learning.py", "configs/smoke.yaml", "--prefix", "down", "--seeds", "1,2",
-             "--minutes", "3", "--kill-learner-at", "0.6", "--downtime", "120", "--scores", "-30",
-             "train.total_env_steps=1000000", "learner.checkpoint_every_updates=20", "eval.video=false"],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.PIPE, text=True, start_new_session=True)
+            [*BENCHMARK, "--prefix", "down", "--seeds", "1,2", "--minutes", "3", "--kill-learner-at-env-steps", "2000",
+             "--downtime", "120", "--scores", "-21", "train.total_env_steps=1000000",
+             "learner.checkpoint_every_updates=20", "eval.video=false"],
+            cwd=ROOT, env=_env(tmp_path), stdout=out, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.time() + 180
         while "resuming it in 120 s" not in _read(stdout):
@@ -122,20 +215,38 @@ def test_an_interrupt_between_a_killed_learner_and_its_resumption_ends_the_bench
 
 @pytest.mark.slow
 def test_a_run_that_ends_at_its_own_stop_score_ends_its_seed_and_the_next_one_runs(tmp_path):
-    """configs/pong_cpu.yaml ends a run at its first evaluation of 18 (eval.stop_score), the score its benchmark
-    commands watch for with --stop-at: whichever of the two stops a run, its seed ends with its time to the score,
-    it is not taken for a crash (nothing resumed), and the next seed runs."""
-    env = dict(os.environ, RL_DQN_RUNS_DIR=str(tmp_path), RL_DQN_PYTHON=sys.executable)
+    """configs/pong_cpu.yaml ends a run at its first evaluation of 18 (eval.stop_score). Here only the run's own
+    eval.stop_score, which every round reaches, is set, and no --stop-at: the run ends itself (its summary says so,
+    and the benchmark stopped nothing), its seed ends with its time to the score, it is not taken for a crash
+    (nothing resumed), and the next seed runs."""
     result = subprocess.run(
-        [sys.executable, "benchmarks/learning.py", "configs/smoke.yaml", "--prefix", "own", "--seeds", "1,2",
-         "--minutes", "3", "--stop-at", "-30", "--scores", "-30", "train.total_env_steps=1000000",
-         "eval.stop_score=-30", "eval.video=false"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+        [*BENCHMARK, "--prefix", "own", "--seeds", "1,2", "--minutes", "3", "--scores", "-21",
+         "train.total_env_steps=1000000", "eval.stop_score=-21", "eval.video=false"],
+        cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=400)
     out = result.stdout
     assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
+    assert "stopping the run" not in out, out
     assert "resuming it in" not in out and "run.resume=true" not in out and "Traceback" not in result.stderr, out
+    assert len(re.findall(r"the run ended \S+ from launch: an evaluation reached its eval.stop_score", out)) == 2, out
     for seed in (1, 2):
         summary = json.loads((tmp_path / f"own-s{seed}/summary.json").read_text())
-        assert 0 < summary["env_steps"] < 1_000_000 and summary["best_eval_return"] >= -30, summary
-    rows = [line for line in out.splitlines() if line.startswith("own-s")]   # the table: each seed's time to -30
+        assert summary["ended"] == "stop_score" and 0 < summary["env_steps"] < 1_000_000, summary
+        _assert_evaluated(tmp_path / f"own-s{seed}")
+    rows = [line for line in out.splitlines() if line.startswith("own-s")]   # the table: each seed's time to -21
     assert [row.split()[0] for row in rows] == ["own-s1", "own-s2"] and "not reached" not in "".join(rows), out
+
+
+@pytest.mark.slow
+def test_a_run_stopped_at_the_benchmarks_stop_at_is_told_from_one_that_ended_itself(tmp_path):
+    """--stop-at without eval.stop_score: the benchmark stops the run (SIGINT, so the run's summary says it ended on
+    a signal) and says so, and nothing says the run ended itself."""
+    result = subprocess.run(
+        [*BENCHMARK, "--prefix", "cut", "--minutes", "3", "--stop-at", "-21", "--scores", "-21",
+         "train.total_env_steps=1000000", "eval.video=false"],
+        cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=400)
+    out = result.stdout
+    assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
+    assert "reached -21: stopping the run" in out and "the run ended" not in out and "resuming it in" not in out, out
+    summary = json.loads((tmp_path / "cut-s1/summary.json").read_text())
+    assert summary["ended"] == "signal" and 0 < summary["env_steps"] < 1_000_000, summary
+    _assert_evaluated(tmp_path / "cut-s1")
