@@ -4,11 +4,11 @@ side, and of threads stepping them, in one process, as the evaluator plays them.
     python benchmarks/evaluation.py runs/<name>[/checkpoints/<file>.pt] [--envs 20,8,4] [--threads 1]
                                     [--episodes 20] [--epsilon 0.005] [--max-episode-frames 18000]
 
-For each count of envs (eval.envs) and of threads stepping them (eval.threads), the same seed: the round's wall
-seconds and CPU seconds, its mean score and each episode's score, lowest first (a mean of 10 can be 20 games won
-and lost by similar margins, or all won narrowly). With one env per episode every env steps on until the longest
-episode ends; with fewer, each plays episodes one after another and only the last ones wait. A mid-training Pong
-agent plays long rallies, where this matters most.
+For each count of envs (eval.envs) and of threads stepping them (env.threads_per_collector, which the evaluator's
+envs take from training's), the same seed: the round's wall seconds and CPU seconds, its mean score and each
+episode's score, lowest first (a mean of 10 can be 20 games won and lost by similar margins, or all won narrowly).
+With one env per episode every env steps on until the longest episode ends; with fewer, each plays episodes one
+after another and only the last ones wait. A mid-training Pong agent plays long rallies, where this matters most.
 """
 
 from __future__ import annotations
@@ -43,12 +43,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
     configure_process()   # as the evaluator process does
-    torch.set_num_threads(1)
     checkpoint = checkpoints.newest(args.run) if args.run.is_dir() else args.run
     cfg, network = load_player(checkpoint)
-    env_cfg = dataclasses.replace(cfg.env, max_episode_frames=args.max_episode_frames)
-    print(f"{checkpoint}: {args.episodes} episodes of {cfg.env.id} at epsilon {args.epsilon:g}, cut at "
-          f"{args.max_episode_frames:,} frames ({time.strftime('%Y-%m-%d')})", flush=True)
+    torch.set_num_threads(cfg.eval.torch_threads)
+    # The evaluator's env: training's with the run's eval.sticky_action_prob (see Config.eval_env).
+    env_cfg = dataclasses.replace(cfg.eval_env, max_episode_frames=args.max_episode_frames)
+    print(f"{checkpoint}: {args.episodes} episodes of {env_cfg.id} at epsilon {args.epsilon:g}, sticky actions "
+          f"{env_cfg.sticky_action_prob:g}, cut at {args.max_episode_frames:,} frames, {cfg.eval.torch_threads} torch "
+          f"thread(s) ({time.strftime('%Y-%m-%d')})", flush=True)
     print(f"  {'envs':>4} {'threads':>7} {'wall s':>8} {'CPU s':>8} {'score':>7}   episodes", flush=True)
     for envs, threads in itertools.product((int(n) for n in args.envs.split(",")),
                                            [int(n) for n in args.threads.split(",")]):

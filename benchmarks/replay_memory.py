@@ -2,8 +2,9 @@
 
     python benchmarks/replay_memory.py [--transitions 1000000]
 
-Fills the replay with chunks of configs/pong.yaml's shape (2 collectors x 8 envs, 32 steps) and prints the
-resident memory the process gained, per transition, plus the time to insert a chunk and to sample a batch.
+Fills the replay with chunks of configs/pong.yaml's shape (collectors.count x env.envs_per_collector envs,
+collectors.chunk_steps steps) and prints the resident memory the process gained, per transition, plus the time to
+insert a chunk and to sample a batch.
 Needs about 8 GB of free memory at the default size.
 """
 
@@ -19,6 +20,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from rl_dqn.config import load_config  # noqa: E402
 from rl_dqn.replay import ReplayMemory  # noqa: E402
 from rl_dqn.types import Chunk  # noqa: E402
 
@@ -35,7 +37,8 @@ def main() -> None:
     parser.add_argument("--transitions", type=int, default=1_000_000)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    collectors, E, T = 2, 8, 32
+    cfg = load_config(ROOT / "configs/pong.yaml", [])
+    collectors, E, T = cfg.collectors.count, cfg.env.envs_per_collector, cfg.collectors.chunk_steps
     before = resident_bytes()
     replay = ReplayMemory(args.transitions, collectors * E, (84, 84), torch.uint8, frame_stack=4)
     generator = torch.Generator().manual_seed(0)
@@ -49,9 +52,11 @@ def main() -> None:
         inserts += 1
     insert_ms = (time.perf_counter() - started) / inserts * 1e3
     gained = resident_bytes() - before
-    stored = int(replay.written.sum())
-    print(f"replay of {args.transitions:,} transitions, {stored:,} written: resident memory +{gained / 1e9:.2f} GB, "
-          f"{gained / stored:,.0f} bytes per transition (one 84x84 frame is 7,056)")
+    # A lane keeps its newest lane_capacity steps: what was written beyond that was overwritten.
+    held = int(replay.written.clamp(max=replay.lane_capacity).sum())
+    print(f"replay of {replay.num_lanes * replay.lane_capacity:,} transitions, {held:,} held "
+          f"({int(replay.written.sum()):,} written): resident memory +{gained / 1e9:.2f} GB, "
+          f"{gained / held:,.0f} bytes per transition held (one 84x84 frame is {frames[0, 0].nbytes:,})")
     print(f"insert a chunk of {T * E} transitions: {insert_ms:.2f} ms")
     for batch in (32, 256):
         replay.sample(batch, generator)

@@ -2,12 +2,13 @@
 
     python benchmarks/throughput.py [--seconds 20] [--train-env-steps 8000]
 
-Prints, for configs/pong.yaml's collector (8 Pong envs, 1 env thread, 1 torch thread):
+Prints, for configs/pong.yaml's collector (env.envs_per_collector Pong envs on env.threads_per_collector threads,
+collectors.torch_threads torch threads):
   raw vector env (ale-py AtariVectorEnv), and gymnasium's SyncVectorEnv over AtariPreprocessing for comparison;
   one process stepping and acting with the Q-network, building chunks (a collector without RPC);
   the pipeline (launch/local.sh's learner and 1, 2 or 4 collectors over CPU RPC), learner not training;
-  the pipeline while training at 8 gradient samples per env step, the network in float32 and in bfloat16;
-  learner updates/s on its own (batch 32 from a filled replay), float32 and bfloat16.
+  the pipeline while training at the config's train.replay_ratio, the network in float32 and in bfloat16;
+  learner updates/s on its own (train.batch_size from a replay of random Pong-shaped frames), float32 and bfloat16.
 Rates are ratios to the raw env rate measured in the same run, because these machines are noisy.
 
 With `--cleanrl PATH/dqn_atari.py [--cleanrl-python PYTHON]` it also runs CleanRL's single-process DQN on Pong
@@ -147,8 +148,8 @@ def cleanrl(python: str, script: str, learning_starts: int, train_env_steps: int
 
 
 def learner_updates(cfg, seconds: float) -> float:
-    """Learner.step() alone, with the learner process's torch threads: batch 32 from a replay filled with Pong
-    frames."""
+    """Learner.step() alone, with the learner process's torch threads: batches of train.batch_size from a replay
+    holding 500 steps of each collector's envs, random Pong-shaped frames."""
     from envs import describe_env
     from rl_dqn.types import Chunk
     torch.set_num_threads(torch_threads(cfg))
@@ -178,7 +179,9 @@ def main() -> None:
     configure_process()   # as the learner and collector processes do
     cfg = load_config(CONFIG, ["run.name=bench"])
     print(f"rl_dqn throughput on {os.cpu_count()} CPU cores, torch {torch.__version__}, {cfg.env.id}, "
-          f"{cfg.env.envs_per_collector} envs per collector ({time.strftime('%Y-%m-%d')})", flush=True)
+          f"{cfg.env.envs_per_collector} envs per collector, {cfg.collectors.torch_threads} torch thread(s) acting "
+          f"({time.strftime('%Y-%m-%d')})", flush=True)
+    threads, batch, ratio = cfg.env.threads_per_collector, cfg.train.batch_size, cfg.train.replay_ratio
 
     rows = []
 
@@ -188,7 +191,7 @@ def main() -> None:
         print(f"  {label:<62} {rate:>9,.0f} {unit:<12} {ratio}", flush=True)
 
     raw = raw_env(cfg, args.seconds)
-    report("raw vector env: ale-py AtariVectorEnv, 1 thread", raw, base=raw)
+    report(f"raw vector env: ale-py AtariVectorEnv, {threads} thread(s)", raw, base=raw)
     report("raw vector env: gymnasium SyncVectorEnv + AtariPreprocessing", gymnasium_env(cfg, args.seconds), base=raw)
     report("one process acting with the Q-network (no RPC)", acting_process(cfg, args.seconds), base=raw)
     steps = int(raw * 8)
@@ -204,11 +207,11 @@ def main() -> None:
     for precision in ("fp32", "bf16"):
         s = pipeline([f"network.precision={precision}", f"train.learning_starts={start}",
                       f"train.total_env_steps={start + args.train_env_steps}"], "env_steps_per_s_training")
-        report(f"pipeline training at replay ratio 8, network in {precision}", s["rate"], base=raw)
-        report("  ... its learner updates/s (batch 32)", s["updates_per_s_training"], "updates/s")
+        report(f"pipeline training at replay ratio {ratio:g}, network in {precision}", s["rate"], base=raw)
+        report(f"  ... its learner updates/s (batch {batch})", s["updates_per_s_training"], "updates/s")
     for precision in ("fp32", "bf16"):
         precise = dataclasses.replace(cfg, network=dataclasses.replace(cfg.network, precision=precision))
-        report(f"learner alone, batch 32, {precision}", learner_updates(precise, args.seconds), "updates/s")
+        report(f"learner alone, batch {batch}, {precision}", learner_updates(precise, args.seconds), "updates/s")
 
 
 if __name__ == "__main__":

@@ -132,9 +132,12 @@ def _broadcast_learner(kind: str, port: int, collectors: int, repeats: int, repo
     from rl_dqn.types import Weights
     cfg = _config(kind, port, collectors)
     transport, placement = _endpoint(cfg, 0)
-    network = QNetwork((4, 84, 84), 6).to(placement.device)
+    network = QNetwork.for_env((4, 84, 84), 6, cfg.network, placement.device)
     for version in range(repeats + 3):             # the first 3 warm up
         snapshot = {k: v.detach().clone() for k, v in network.state_dict().items()}
+        if version == 0:
+            reports.put(("b", "size", sum(p.numel() for p in network.parameters()),
+                         sum(t.numel() * t.element_size() for t in snapshot.values())))
         _sync(placement.device)
         time.sleep(0.3)                               # every collector is idle and waiting
         started = time.monotonic()
@@ -157,7 +160,8 @@ def _broadcast_collector(kind: str, port: int, collectors: int, rank: int, repor
     transport.close()
 
 
-def broadcast_latency(kind: str, collectors: int, repeats: int) -> tuple[float, str]:
+def broadcast_latency(kind: str, collectors: int, repeats: int) -> tuple[float, str, int, int]:
+    """The median latency, the device the weights land on, the network's parameters and the bytes published."""
     port = free_port()
     reports = run([(_broadcast_learner, (kind, port, collectors, repeats))] +
                   [(_broadcast_collector, (kind, port, collectors, rank)) for rank in range(1, collectors + 1)])
@@ -168,7 +172,8 @@ def broadcast_latency(kind: str, collectors: int, repeats: int) -> tuple[float, 
             held.setdefault(r[2], []).append(r[3])
     latencies = [max(times) - published[v] for v, times in held.items() if len(times) == collectors and v >= 3]
     device = next(r[4] for r in reports if r[1] == "held" and r[2] >= 3)   # the first may be the welcome's CPU copy
-    return statistics.median(latencies), device
+    parameters, nbytes = next(r[2:] for r in reports if r[1] == "size")
+    return statistics.median(latencies), device, parameters, nbytes
 
 
 def _ingest_learner(kind: str, port: int, collectors: int, chunk_steps: int, envs: int, seconds: float,
@@ -178,7 +183,7 @@ def _ingest_learner(kind: str, port: int, collectors: int, chunk_steps: int, env
     cfg = _config(kind, port, collectors, chunk_steps, envs)
     transport, placement = _endpoint(cfg, 0)
     replay = ReplayMemory(cfg.train.replay_capacity, cfg.num_envs, (84, 84), torch.uint8, 4, placement.device)
-    nbytes = transitions = 0
+    nbytes = transitions = chunk_bytes = 0
     devices = set()
     started = None
     while started is None or time.monotonic() - started < seconds:
@@ -186,6 +191,7 @@ def _ingest_learner(kind: str, port: int, collectors: int, chunk_steps: int, env
             chunk = delivery.chunk
             replay.extend(chunk.collector * envs, chunk)
             transport.acknowledge(delivery, Ack(0, stop=False))
+            chunk_bytes = max(chunk_bytes, chunk.nbytes)
             if started is None:
                 _sync(placement.device)
                 started = time.monotonic()
@@ -195,7 +201,8 @@ def _ingest_learner(kind: str, port: int, collectors: int, chunk_steps: int, env
             devices.add(str(chunk.frames.device))
     _sync(placement.device)
     elapsed = time.monotonic() - started
-    reports.put(("c", nbytes / elapsed / 1e6, transitions / elapsed, sorted(devices), str(replay.frames.device)))
+    reports.put(("c", nbytes / elapsed / 1e6, transitions / elapsed, sorted(devices), str(replay.frames.device),
+                 chunk_bytes))
     transport.stop_collectors(timeout=10)
     transport.close()
 
@@ -220,6 +227,8 @@ def _ingest_collector(kind: str, port: int, collectors: int, chunk_steps: int, e
 
 
 def ingest(kind: str, collectors: int, chunk_steps: int, envs: int, seconds: float) -> tuple:
+    """MB/s and transitions/s into the replay, the devices chunks and replay were on, and the bytes of a chunk's
+    tensors as received."""
     port = free_port()
     senders = [(_ingest_collector, (kind, port, collectors, chunk_steps, envs, r)) for r in range(1, collectors + 1)]
     reports = run([(_ingest_learner, (kind, port, collectors, chunk_steps, envs, seconds))] + senders)
@@ -250,11 +259,14 @@ def main() -> None:
     print(line, flush=True)
 
     repeats = 5 if args.quick else 20
-    print("(b) weight broadcast, Q-network (1.7M parameters, 6.7 MB), median of "
-          f"{repeats}, publish to usable on the collector's device:", flush=True)
     for n in (1, 2, 4):
         cells = {kind: broadcast_latency(kind, n, repeats) for kind in kinds}
-        text = ", ".join(f"{kind} {ms * 1e3:7.2f} ms (lands on {where})" for kind, (ms, where) in cells.items())
+        if n == 1:
+            _, _, parameters, nbytes = cells["cpu"]
+            print(f"(b) weight broadcast, configs/pong.yaml's Q-network ({parameters / 1e6:.2f}M parameters, "
+                  f"{nbytes / 1e6:.2f} MB published), median of {repeats}, publish to usable on the collector's "
+                  f"device:", flush=True)
+        text = ", ".join(f"{kind} {ms * 1e3:7.2f} ms (lands on {where})" for kind, (ms, where, *_) in cells.items())
         ratio = f", {cells['cpu'][0] / cells['cuda'][0]:.1f}x" if len(cells) == 2 else ""
         print(f"    {n} collector(s): {text}{ratio}", flush=True)
 
@@ -263,9 +275,10 @@ def main() -> None:
     for steps, envs in ((16, 8), (32, 8), (64, 16)):
         cells = {kind: ingest(kind, 2, steps, envs, duration) for kind in kinds}
         parts = [f"{kind} {mbs:8,.0f} MB/s {tps:10,.0f} transitions/s (chunks on {'/'.join(on)}, replay on {rd})"
-                 for kind, (mbs, tps, on, rd) in cells.items()]
+                 for kind, (mbs, tps, on, rd, _) in cells.items()]
         ratio = f", {cells['cuda'][0] / cells['cpu'][0]:.1f}x" if len(cells) == 2 else ""
-        print(f"    {steps} steps x {envs} envs ({steps * envs * 7070 / 1e6:.1f} MB): " + "; ".join(parts) + ratio,
+        chunk_mb = cells["cpu"][4] / 1e6   # the bytes of a received chunk's tensors, which the MB/s count
+        print(f"    {steps} steps x {envs} envs ({chunk_mb:.2f} MB a chunk): " + "; ".join(parts) + ratio,
               flush=True)
 
 

@@ -1,9 +1,9 @@
-"""Greedy play of a checkpoint, `./launch/play.sh runs/<name> [--best] [--episodes 20] [--video episode.mp4]`, and
+"""Play of a checkpoint, `./launch/play.sh runs/<name> [--best] [--episodes 20] [--video episode.mp4]`, and
 periodic evaluation during training, in a process of its own (`Evaluator`) that feeds no replay and does not slow the
 learner's loop (the learner keeps the best-scoring network it evaluated as checkpoints/best.pt).
 
-Both play whole episodes (game over or time limit, not lost lives), report the raw score and can record env 0's
-first episode as a video of the game screen.
+Both play whole episodes (game over or time limit, not lost lives), epsilon-greedy at the run's eval.epsilon (or
+play.sh's --epsilon), report the raw score and can record env 0's first episode as a video of the game screen.
 """
 
 from __future__ import annotations
@@ -32,22 +32,25 @@ from rl_dqn.video import FORMATS, VideoError, VideoFile, fps_of, gif_bytes
 def play(env, network: QNetwork, episodes: int, epsilon: float, generator: torch.Generator,
          record: Callable[[np.ndarray], None] | None = None, record_steps: int = 0) -> list[float]:
     """Raw scores of the first `episodes` episodes started in `env`, a vector env whose envs are stepped together
-    and each play episodes one after another. Whether an episode counts is settled when it starts, before its
-    outcome is known, so that short and long games count alike; an env whose episode does not count idles on until
-    the last counted one ends. Fewer envs than episodes waste less of that idling than one episode per env, where
-    every env waits for the longest. `record` is handed env 0's screen (the env must keep it) at the start of its
-    first episode and after each of that episode's steps, up to `record_steps` steps."""
+    and each play episodes one after another, in the order the episodes started: the envs' first episodes in env
+    order, then each next one as it starts. `scores[0]` is thus env 0's first episode, the one `record` sees.
+    Whether an episode counts is settled when it starts, before its outcome is known, so that short and long games
+    count alike; an env whose episode does not count idles on until the last counted one ends. Fewer envs than
+    episodes waste less of that idling than one episode per env, where every env waits for the longest. `record` is
+    handed env 0's screen (the env must keep it) at the start of its first episode and after each of that
+    episode's steps, up to `record_steps` steps."""
     n = env.num_envs
     epsilons = torch.full((n,), epsilon)
     returns = torch.zeros(n, dtype=torch.float64)
-    counted = torch.arange(n) < episodes        # the episode each env is playing counts
-    started = int(counted.sum())
-    scores: list[float] = []
+    started = min(n, episodes)
+    slots = [i if i < started else None for i in range(n)]   # where each env's current episode goes in `scores`
+    scores = [0.0] * episodes
+    ended_count = 0
     obs = env.reset()
     recording, recorded = record is not None, 0
     if recording:
         record(env.screen)
-    while len(scores) < episodes:
+    while ended_count < episodes:
         with torch.inference_mode():
             actions = dqn.select_actions(network(obs), epsilons, generator)
         result = env.step(actions)
@@ -57,12 +60,14 @@ def play(env, network: QNetwork, episodes: int, epsilon: float, generator: torch
             record(env.screen)
             recorded += 1
         recording = recording and not ended[0]
-        scores += returns[ended & counted].tolist()
-        returns[ended] = 0.0
         # Each env whose episode ended starts its next one on its next step (the reset step, with no reward).
         for i in ended.nonzero().flatten().tolist():
-            counted[i] = started < episodes
-            started += int(counted[i])
+            if slots[i] is not None:
+                scores[slots[i]] = float(returns[i])
+                ended_count += 1
+            slots[i] = started if started < episodes else None
+            started += int(slots[i] is not None)
+        returns[ended] = 0.0
         obs = result.obs
     return scores
 
@@ -71,7 +76,8 @@ def play_round(envs: list, network: QNetwork, eval_cfg, generator: torch.Generat
                record: Callable[[np.ndarray], None] | None = None, record_steps: int = 0) -> list[float]:
     """One evaluation round (`eval_cfg`: a config's `eval` section) on the vector envs of its phases (see
     Config.eval_phases): eval.episodes episodes, or with eval.screen_episodes that many first and the rest, on the
-    second env, only if their mean reached eval.screen_score. `record` sees the first phase's env 0."""
+    second env, only if their mean reached eval.screen_score. `record` sees the first phase's env 0, whose first
+    episode's score is `scores[0]`."""
     first = eval_cfg.screen_episodes or eval_cfg.episodes
     scores = play(envs[0], network, first, eval_cfg.epsilon, generator, record, record_steps)
     if first < eval_cfg.episodes and sum(scores) / len(scores) >= eval_cfg.screen_score:
@@ -92,7 +98,7 @@ def load_player(checkpoint: Path) -> tuple[Config, QNetwork]:
 def evaluate(checkpoint: Path, episodes: int = 20, epsilon: float | None = None, seed: int = 12345,
              record: Callable[[np.ndarray], None] | None = None, record_steps: int = 0) -> list[float]:
     """Raw scores of `episodes` episodes played by the checkpoint's network, epsilon-greedy (`None`: the run's
-    eval.epsilon); env 0's screens go to `record`, as `play` says."""
+    eval.epsilon), in `play`'s order; env 0's screens go to `record`, and its first episode's score is `scores[0]`."""
     cfg, network = load_player(checkpoint)
     env = make_vector_env(cfg.eval_env, min(cfg.eval.envs, episodes), seed=seed, screen=record is not None)
     try:
@@ -107,7 +113,7 @@ class EvalResult(NamedTuple):
     elapsed_s: float        # seconds on the run's clock (from its launch) when the weights were taken
     weights_version: int
     scores: list[float]
-    video: bytes | None     # env 0's episode as an animated GIF, with eval.video
+    video: bytes | None     # env 0's first episode (its score is scores[0]) as an animated GIF, with eval.video
     round_s: float          # wall seconds the round took to play
     round_cpu_s: float      # CPU seconds the evaluator process spent on it
 
@@ -185,9 +191,10 @@ def _evaluator_main(cfg_dict: dict, requests, results) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="./launch/play.sh", description="Plays a trained agent: greedy episodes "
-                                     "of a run's newest checkpoint (its best-scoring one with --best, or a given "
-                                     "file), their mean raw score, and a video of one episode.")
+    parser = argparse.ArgumentParser(prog="./launch/play.sh", description="Plays a trained agent: episodes of a run's "
+                                     "newest checkpoint (its best-scoring one with --best, or a given file), "
+                                     "epsilon-greedy at the run's eval.epsilon unless --epsilon says otherwise; "
+                                     "their mean raw score, and a video of env 0's first episode.")
     parser.add_argument("run", type=Path, help="a run folder (its newest checkpoint), e.g. runs/<name>, or a "
                                                "checkpoint file")
     parser.add_argument("--best", action="store_true",
@@ -238,10 +245,16 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(str(e))
     mean = sum(scores) / len(scores)
     std = (sum((s - mean) ** 2 for s in scores) / len(scores)) ** 0.5
+    epsilon = f"epsilon {args.epsilon:g}" if args.epsilon is not None else \
+        f"epsilon {cfg.eval.epsilon:g}, the run's eval.epsilon"
     print(f"{checkpoint}: {len(scores)} episodes, score {mean:.2f} +- {std:.2f} "
-          f"(min {min(scores):g}, max {max(scores):g})")
+          f"(min {min(scores):g}, max {max(scores):g}; {epsilon})")
     if video is not None:
-        print(f"video of env 0's episode ({video.count} frames, score {scores[0]:g}): {args.video}")
+        # The video is env 0's first episode (see `play`), which need not be the first to end.
+        cut = (f"; the video stops after --video-max-steps ({steps:,} steps), the score is the whole episode's"
+               if video.count > steps else "")
+        print(f"video of env 0's first episode, which scored {scores[0]:g} ({video.count:,} frames{cut}): "
+              f"{args.video}")
     return 0
 
 

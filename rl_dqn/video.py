@@ -23,7 +23,7 @@ def fps_of(frame_skip: int) -> float:
 
 def gif_bytes(frames: list[np.ndarray], fps: float) -> bytes:
     """An animated GIF of RGB frames [H, W, 3] uint8, looping. Pillow stores each frame as its change from the one
-    before: an Atari episode takes about 20x less room than with OpenCV's encoder, which matters in event files.
+    before, which keeps an Atari episode far smaller than OpenCV's encoder does; that matters in event files.
     (GIF counts time in hundredths of a second, so 15 fps plays at 16.7.)"""
     images = [Image.fromarray(frame) for frame in frames]
     encoded = io.BytesIO()

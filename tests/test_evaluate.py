@@ -6,11 +6,13 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import numpy as np
 import torch
 
+import rl_dqn.evaluate
 from envs import EnvSpec, StepResult, VectorEnv, make_vector_env
 from rl_dqn.config import EvalConfig, load_config
-from rl_dqn.evaluate import play, play_round
+from rl_dqn.evaluate import main, play, play_round
 from rl_dqn.network import QNetwork
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,7 +57,7 @@ def test_a_round_scores_the_first_episodes_started_whatever_their_length():
     env = ScriptedEpisodes([[3, 10, 2, 4], [5, 1, 12, 9]])
     network = QNetwork((1, 2), 2, mlp_hidden=(4,)).for_acting()
     scores = play(env, network, episodes=5, epsilon=0.0, generator=torch.Generator().manual_seed(0))
-    assert sorted(scores) == [1.0, 3.0, 5.0, 10.0, 12.0]
+    assert scores == [3.0, 5.0, 10.0, 1.0, 12.0]   # in the order they started, not the order they ended
 
 
 def test_a_round_with_an_env_per_episode_scores_each_envs_first_episode():
@@ -67,6 +69,35 @@ def test_a_round_with_an_env_per_episode_scores_each_envs_first_episode():
                   record=recorded.append, record_steps=100)
     assert sorted(scores) == [2.0, 4.0, 6.0]
     assert len(recorded) == 1 + 4   # env 0's first episode: its start and each of its 4 steps
+
+
+def test_play_sh_reports_the_score_of_the_episode_in_its_video_though_another_ended_first(tmp_path, monkeypatch,
+                                                                                               capsys):
+    # Env 0's first episode, the one recorded, lasts 6 steps and scores 6; the 2-step one on env 1 ends first.
+    cfg = load_config(ROOT / "configs/pong_cpu.yaml", ["eval.envs=3"])
+    network = QNetwork((1, 2), 2, mlp_hidden=(4,)).for_acting()
+
+    def make_vector_env(env_cfg, num_envs, seed, screen=False):
+        assert num_envs == 3 and screen
+        env = ScriptedEpisodes([[6, 1], [2, 1], [3, 1]])
+        env.screen = np.zeros((4, 4, 3), dtype=np.uint8)
+        return env
+    monkeypatch.setattr(rl_dqn.evaluate, "load_player", lambda checkpoint: (cfg, network))
+    monkeypatch.setattr(rl_dqn.evaluate, "make_vector_env", make_vector_env)
+    checkpoint = tmp_path / "checkpoint.pt"
+    checkpoint.write_bytes(b"")
+    assert main([str(checkpoint), "--episodes", "3", "--video", str(tmp_path / "episode.gif")]) == 0
+    out = capsys.readouterr().out
+    assert f"3 episodes, score 3.67 +- 1.70 (min 2, max 6; epsilon {cfg.eval.epsilon:g}, the run's eval.epsilon)" in out
+    assert f"video of env 0's first episode, which scored 6 (7 frames): {tmp_path / 'episode.gif'}" in out
+    assert (tmp_path / "episode.gif").stat().st_size > 0
+    # Cut by --video-max-steps, the video holds its first steps and the score is still the whole episode's.
+    assert main([str(checkpoint), "--episodes", "3", "--epsilon", "0", "--video", str(tmp_path / "cut.gif"),
+                 "--video-max-steps", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "(min 2, max 6; epsilon 0)" in out
+    assert ("which scored 6 (5 frames; the video stops after --video-max-steps (4 steps), the score is the whole "
+            "episode's)") in out
 
 
 def test_a_screened_round_plays_on_only_where_its_first_episodes_reached_the_screen_score():
@@ -119,3 +150,4 @@ def test_evaluation_episodes_end_at_the_evaluation_time_limit_and_score_what_the
         env.close()
     assert len(steps) == 1 + 400 // cfg.env.frame_skip   # env 0's first episode: cut after 100 agent steps
     assert len(scores) == 3 and all(-21 <= s <= 0 for s in scores)
+
