@@ -1,17 +1,19 @@
 """Learner speed on its own: updates/s and samples/s at several batch sizes, and the share of sampling in an update.
 
     python benchmarks/learner.py [--seconds 10] [--batches 32,256,512] [--devices cpu,cuda] [--replay 200000]
-                                 [--overlap on,off] [--only NIPS] [--profile UPDATES]
+                                 [--overlap on,off] [--graph on,off] [--only NIPS] [--profile UPDATES]
 
 For each device present (CPU, and the GPU when there is one), each batch size and each of: prioritized 10-step
 replay with the NIPS torso (configs/pong_cpu.yaml), uniform 1-step replay (configs/pong.yaml) and prioritized 3-step
 replay with a dueling network (configs/pong_apex.yaml), the last two with the Nature torso, each with the network
 in float32 and in bfloat16, it fills a replay of Pong-shaped frames on that device and times
 Learner.step() (sample, Double DQN update, new priorities) and replay.sample() alone, with the next batch prepared
-on a second thread (learner.overlap, the default) and without. Torch threads are the learner process's: all cores,
-shared out between the two threads under overlap. "CPU ms" is the process's CPU time per update, which on a small
-machine is what the collectors and the learner share. --profile N then prints torch.profiler's table of the
-operators that took the most time over N updates (use --overlap off: it sees only the thread that calls step()).
+on a second thread (learner.overlap, the default) and without, and on a GPU with the whole update captured as one
+CUDA graph (learner.cuda_graph, the default; "graph" on, where overlap does not apply) and launched op by op.
+Torch threads are the learner process's: all cores, shared out between the two threads under overlap. "CPU ms" is
+the process's CPU time per update, which on a small machine is what the collectors and the learner share.
+--profile N then prints torch.profiler's table of the operators that took the most time over N updates (use
+--overlap off: it sees only the thread that calls step()).
 """
 
 from __future__ import annotations
@@ -112,14 +114,21 @@ def profile(learner: Learner, updates: int, rows: int = 15) -> str:
     return profiler.key_averages().table(sort_by=key, row_limit=rows)
 
 
-OVERLAP = {"on": "true", "off": "false"}
+ON_OFF = {"on": "true", "off": "false"}
 
 
-def overlap_settings(text: str) -> list[str]:
+def on_off(text: str) -> list[str]:
     settings = text.split(",")
-    if not settings or any(s not in OVERLAP for s in settings):
+    if not settings or any(s not in ON_OFF for s in settings):
         raise argparse.ArgumentTypeError(f"must be on, off or on,off, got {text!r}")
     return settings
+
+
+def variants(device: str, overlap: list[str], graph: list[str]) -> list[tuple[str, str]]:
+    """(learner.overlap, learner.cuda_graph) pairs to measure: a captured graph only on a GPU, where overlap does
+    not apply to it."""
+    pairs = [(o, "off") for o in overlap] if device == "cpu" or "off" in graph else []
+    return pairs + ([("-", "on")] if device != "cpu" and "on" in graph else [])
 
 
 def main() -> None:
@@ -128,8 +137,10 @@ def main() -> None:
     parser.add_argument("--batches", default="32,256,512")
     parser.add_argument("--devices", default="cpu,cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--replay", type=int, default=200_000, help="transitions in the replay")
-    parser.add_argument("--overlap", default="on,off", type=overlap_settings,
+    parser.add_argument("--overlap", default="on,off", type=on_off,
                         help="learner.overlap settings to measure: on, off or on,off")
+    parser.add_argument("--graph", default="on,off", type=on_off,
+                        help="learner.cuda_graph settings to measure on a GPU: on, off or on,off")
     parser.add_argument("--only", default="", help="measure only the setups whose label contains this, e.g. NIPS")
     parser.add_argument("--profile", type=int, default=0, metavar="UPDATES",
                         help="after each measurement, profile this many updates and print the costliest operators")
@@ -138,20 +149,21 @@ def main() -> None:
     gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
     print(f"rl_dqn learner on {os.cpu_count()} CPU cores{gpu}, torch {torch.__version__}, replay "
           f"{args.replay:,} Pong transitions ({time.strftime('%Y-%m-%d')})", flush=True)
-    print(f"  {'device':<6} {'replay and network':<40} {'overlap':>7} {'batch':>5} {'updates/s':>10} "
+    print(f"  {'device':<6} {'replay and network':<40} {'overlap':>7} {'graph':>5} {'batch':>5} {'updates/s':>10} "
           f"{'samples/s':>10} {'CPU ms':>8} {'sampling share':>15}", flush=True)
     for device in args.devices.split(","):
         for label, (config, overrides) in SETUPS.items():
             if args.only not in label:
                 continue
             for batch in (int(b) for b in args.batches.split(",")):
-                for overlap in args.overlap:
+                for overlap, graph in variants(device, args.overlap, args.graph):
                     with tempfile.TemporaryDirectory() as run_dir:
-                        setting = f"learner.overlap={OVERLAP[overlap]}"
-                        learner = filled_learner(config, [*overrides, setting], device, batch, args.replay,
+                        settings = [f"learner.overlap={ON_OFF.get(overlap, 'false')}",
+                                    f"learner.cuda_graph={ON_OFF[graph]}"]
+                        learner = filled_learner(config, [*overrides, *settings], device, batch, args.replay,
                                                  Path(run_dir))
                         step, cpu, sample = measure(learner, args.seconds)
-                        print(f"  {device:<6} {label:<40} {overlap:>7} {batch:>5} {1 / step:>10,.1f} "
+                        print(f"  {device:<6} {label:<40} {overlap:>7} {graph:>5} {batch:>5} {1 / step:>10,.1f} "
                               f"{batch / step:>10,.0f} {cpu * 1e3:>8.1f} {sample / step:>14.0%}", flush=True)
                         if args.profile:
                             print(profile(learner, args.profile), flush=True)

@@ -61,8 +61,7 @@ from typing import NamedTuple
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rl_dqn.cli import LAUNCHED_AT_ENV  # noqa: E402
-from rl_dqn.console import duration  # noqa: E402
+from rl_dqn.console import LAUNCHED_AT_ENV, duration  # noqa: E402
 from rl_dqn.plot import EvalPoint, PlotError, first_reaching, load_events, read_evals, score_list, table  # noqa: E402
 from rl_dqn.supervisor import EXIT_BAD_INPUT  # noqa: E402
 

@@ -24,13 +24,10 @@ from pathlib import Path
 from typing import NoReturn
 
 from rl_dqn.config import Config, ConfigError, load_config, save_config
-from rl_dqn.console import OneLineParser
+from rl_dqn.console import LAUNCHED_AT_ENV, OneLineParser, launched_at
 from rl_dqn.supervisor import EXIT_BAD_INPUT, EXIT_LEARNER_LOST, free_port
 
 RUNS_DIR = Path(os.environ.get("RL_DQN_RUNS_DIR") or Path(__file__).resolve().parents[1] / "runs")
-# time.time() when the run's command started, handed down to the processes it starts: the run's clock (time to a
-# score) counts from there. A benchmark that starts the command may set it earlier.
-LAUNCHED_AT_ENV = "RL_DQN_LAUNCHED_AT"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -322,7 +319,7 @@ def _learner(cfg: Config, args) -> int:
     stop = _stop_on_signals()
     torch.set_num_threads(torch_threads(cfg))
     configure_process()
-    learner = Learner(cfg, spec, folder, stop=stop, device=placement.device, launched_at=_launched_at())
+    learner = Learner(cfg, spec, folder, stop=stop, device=placement.device, launched_at=launched_at())
     save_config(learner.used_cfg, folder / "config.yaml")
     if cfg.run.resume:
         checkpoint = checkpoints.newest(folder)
@@ -341,13 +338,6 @@ def _learner(cfg: Config, args) -> int:
     for line in learner.closing_lines(how):
         print(f"[learner] {line}", flush=True)
     return 0
-
-
-def _launched_at() -> float | None:
-    try:
-        return float(os.environ[LAUNCHED_AT_ENV])
-    except (KeyError, ValueError):
-        return None
 
 
 def _collector(cfg: Config, args) -> int:

@@ -12,7 +12,7 @@ import torch
 from envs import EnvSpec, StepResult, VectorEnv, make_vector_env
 from rl_dqn import dqn
 from rl_dqn.config import Config
-from rl_dqn.console import PROGRESS_ENV, PROGRESS_MARK, say
+from rl_dqn.console import PROGRESS_ENV, PROGRESS_MARK, StartupClock, launched_at, say
 from rl_dqn.network import QNetwork, describe_precision
 from rl_dqn.system import SystemMeter
 from rl_dqn.transport.endpoints import CollectorEndpoint
@@ -103,6 +103,7 @@ class Collector:
         self.seq = 0                    # chunks sent
         self.version = -1               # of the weights it acts with
         self.run_env_steps = 0          # the run's env steps, as the learner last answered
+        self.startup = StartupClock(launched_at())
 
     def _epsilons(self, run_env_steps: int) -> torch.Tensor:
         c, E = self.cfg.collectors, self.cfg.env.envs_per_collector
@@ -115,7 +116,9 @@ class Collector:
 
     def run(self) -> None:
         torch.set_num_threads(self.cfg.collectors.torch_threads)
+        self.startup.mark("joined")
         env: VectorEnv = make_vector_env(self.cfg.env, self.cfg.env.envs_per_collector, seed=self.seed)
+        self.startup.mark("envs made")
         try:
             if not self.start(env):
                 return
@@ -135,9 +138,11 @@ class Collector:
         self.env = env
         self.net = QNetwork.for_env(env.spec.obs_shape, env.spec.num_actions, cfg.network, device).for_acting()
         self.generator = torch.Generator(device=device).manual_seed(self.seed)
+        self.startup.mark(f"network on {device}")
         weights = self.transport.wait_weights(cfg.cluster.join_timeout_s)
         if weights is None:
             return False
+        self.startup.mark("first weights")
         self.net.load_state_dict(weights.state)
         self.version = weights.version
         self.builder = ChunkBuilder(cfg.collectors.chunk_steps, E, env.spec, device)
@@ -148,8 +153,10 @@ class Collector:
         precision, warning = describe_precision(cfg.network.precision, device)
         if warning is not None:
             say(self.name, f"warning: {warning}")
+        self.startup.mark("envs reset")
         say(self.name, f"acting in {E} x {cfg.env.id} on {device} in {precision}, "
                        f"epsilon {self.epsilons.min():.3g}..{self.epsilons.max():.3g}")
+        say(self.name, f"start-up {self.startup.line()}")
         self._last_report = time.monotonic()
         self._meter, self._system = SystemMeter(device), ()
         self._steps_then, self._run_steps_then = 0, self.run_env_steps

@@ -296,9 +296,13 @@ class LearnerConfig:
     overlap: bool = True
     """a second thread computes the online network's values of each batch's next observations while the training
     thread computes those of its observations, then draws the next batch and evaluates the target network on it
-    during the backward pass and the optimizer step: on 2 CPU cores a batch-32 update in bfloat16 takes 32 ms of
-    CPU time instead of 38 with both cores on each operation in turn, and as long. The same updates as without it,
-    except that chunks arriving during an update enter replay after the next batch was drawn"""
+    during the backward pass and the optimizer step, which on a small CPU costs less CPU time than both threads'
+    cores on each operation in turn (docs/benchmarks.md). The same updates as without it, except that chunks
+    arriving during an update enter replay after the next batch was drawn"""
+    cuda_graph: bool = True
+    """on a GPU, capture the whole update (sampling, both networks, the loss, new priorities, backward, Adam) as one
+    CUDA graph and replay it, instead of launching its kernels one by one from Python; the same math. Ignored on
+    the CPU, and learner.overlap with it"""
     publish_every_updates: int = 100
     """updates between weight broadcasts to the collectors"""
     checkpoint_every_updates: int = 50_000
@@ -399,8 +403,8 @@ class ClusterConfig:
 @dataclass(frozen=True)
 class EvalConfig:
     every_env_steps: int = 0
-    """env steps of the run between evaluations (greedy episodes in a process of the learner's node that feeds no
-    replay); 0 = none"""
+    """env steps of the run between evaluations (episodes at eval.epsilon in a process of the learner's node that
+    feeds no replay); 0 = none"""
     episodes: int = 10
     """episodes per evaluation: the first this many started (see eval.envs)"""
     screen_episodes: int = 0
@@ -425,6 +429,12 @@ class EvalConfig:
     env.sticky_action_prob"""
     torch_threads: int = 1
     """torch intra-op threads of the evaluation process"""
+    device: str = "cpu"
+    """where the evaluation process computes its actions: `cpu`, `auto` (the learner's GPU when it trains on one,
+    else cpu), `cuda` or `cuda:N`"""
+    threads: int = 0
+    """threads stepping each of the evaluation's Atari vectors (ale-py's AtariVectorEnv); 0 =
+    env.threads_per_collector"""
     ema_updates: int = 0
     """the evaluator plays an exponential moving average of the online network's weights over about this many
     updates (each update moves it 1/ema_updates of the way to the new weights) instead of the weights as they are,
@@ -454,6 +464,9 @@ class EvalConfig:
                  f"must be >= 0, got {self.max_episode_frames}")
         _require(0.0 <= self.epsilon <= 1.0, "eval.epsilon", f"must be in [0, 1], got {self.epsilon}")
         _require(self.torch_threads >= 1, "eval.torch_threads", f"must be >= 1, got {self.torch_threads}")
+        _require(re.fullmatch(DEVICE_PATTERN, self.device) is not None, "eval.device",
+                 f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        _require(self.threads >= 0, "eval.threads", f"must be >= 0 (0 = env.threads_per_collector), got {self.threads}")
         _require(self.ema_updates >= 0, "eval.ema_updates", f"must be >= 0 (0 = none), got {self.ema_updates}")
 
 
@@ -513,10 +526,11 @@ class Config:
 
     @property
     def eval_env(self) -> EnvConfig:
-        """The env of evaluation episodes: training's, cut at eval.max_episode_frames and with
-        eval.sticky_action_prob where those are set."""
+        """The env of evaluation episodes: training's, cut at eval.max_episode_frames, with eval.sticky_action_prob and
+        stepped by eval.threads threads where those are set."""
         changes = {"max_episode_frames": self.eval.max_episode_frames or None,
-                   "sticky_action_prob": self.eval.sticky_action_prob}
+                   "sticky_action_prob": self.eval.sticky_action_prob,
+                   "threads_per_collector": self.eval.threads or None}
         return dataclasses.replace(self.env, **{key: value for key, value in changes.items() if value is not None})
 
     @property

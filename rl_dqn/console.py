@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 
 # A collector's machine-readable progress line starts with its role and this mark; a node's launcher sums them,
 # and sets PROGRESS_ENV=1 for the processes it starts so that they write these lines.
 PROGRESS_MARK = "@progress"
 PROGRESS_ENV = "RL_DQN_PROGRESS_LINES"
+# time.time() when the run's command started, handed down to the processes it starts: the run's clock (time to a
+# score) counts from there. A benchmark that starts the command may set it earlier.
+LAUNCHED_AT_ENV = "RL_DQN_LAUNCHED_AT"
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -45,3 +50,40 @@ def progress(done: int, total: int, rate: float) -> str:
     """`1,234/10,000 [##------------------] 12% ETA 3m05s` at `rate` per second."""
     eta = f"ETA {duration((total - done) / rate)}" if rate > 0 and done < total else "ETA -"
     return f"{done:,}/{total:,} {progress_bar(done / total)} {100 * done / total:3.0f}% {eta}"
+
+
+def launched_at() -> float | None:
+    """time.time() when the run's command started (LAUNCHED_AT_ENV), or None where it was not set."""
+    try:
+        return float(os.environ[LAUNCHED_AT_ENV])
+    except (KeyError, ValueError):
+        return None
+
+
+def process_started_at() -> float | None:
+    """time.time() when this process started (Linux: /proc), or None where that cannot be read."""
+    try:
+        ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])   # field 22: starttime
+        boot = next(int(line.split()[1]) for line in open("/proc/stat") if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+class StartupClock:
+    """Where a role's start-up goes, in seconds from the run's launch (`launched_at`, time.time() when its command
+    started; this process's own start where there is none): `mark()` each step as it ends, `line()` the whole."""
+
+    def __init__(self, launched_at: float | None):
+        started = process_started_at()
+        self.launched_at = launched_at if launched_at is not None else started or time.time()
+        self.marks: list[tuple[str, float]] = []
+        if started is not None and launched_at is not None:
+            self.marks.append(("process", started - self.launched_at))
+
+    def mark(self, step: str) -> None:
+        self.marks.append((step, time.time() - self.launched_at))
+
+    def line(self) -> str:
+        """`from launch: process 0.4 s, joined 2.9 s, ...`: when each step ended."""
+        return "from launch: " + ", ".join(f"{step} {seconds:.1f} s" for step, seconds in self.marks)

@@ -2,6 +2,7 @@
 
     ./launch/doctor.sh [CONFIG] [section.key=value ...]          (python -m rl_dqn.doctor ...)
     ./launch/doctor.sh --gpu [CONFIG]                             the GPU acceptance run, about 10 minutes
+    ./launch/doctor.sh --gpu --quick [CONFIG]                     a GPU node's figures, at most 9 minutes
 
 Prints the versions, the CPU's cores and the instruction sets that decide network.precision, the GPUs, the TensorPipe
 transports and channels this torch build has, what each role of the config would run on (device, precision,
@@ -12,6 +13,11 @@ config can run here as written; 2 with one line per problem when it cannot.
 benchmark on the GPU and a short training run of the config, each passed or failed with its error and figures, in
 runs/doctor-<date>/report.md with each check's whole output beside it, ready to attach to a bug report. On a
 machine without a GPU it says so and exits 2.
+
+`--gpu --quick` measures what a GPU node is worth to a run, for a node config (default configs/pong_gpu.yaml): the
+`cuda` tests of the update, the learner's updates/s eager and as a captured CUDA graph, one learning run of the
+config to Pong's 18, and how the pipeline scales with collectors over the CPU and the CUDA transport. Each step has
+a time limit, so the whole run ends within 9 minutes, and its report is written after each step.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from rl_dqn.console import OneLineParser
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = "configs/pong_cpu.yaml"
+NODE_CONFIG = "configs/pong_gpu.yaml"
 FRAME_BYTES = 84 * 84 + 39   # a stored Atari transition: its frame and its step's scalars, sum tree and index
 
 
@@ -101,7 +108,7 @@ def roles(cfg: Config) -> tuple[list[str], list[str]]:
 
     from rl_dqn.network import describe_precision
     from rl_dqn.trainer import torch_threads
-    from rl_dqn.transport import place
+    from rl_dqn.transport import eval_device, place
     gpus = torch.cuda.device_count()
     lines, advice = [], []
     compute_threads = 2 if cfg.learner.overlap else 1
@@ -125,8 +132,9 @@ def roles(cfg: Config) -> tuple[list[str], list[str]]:
                 advice.append(warning)
     if cfg.eval.every_env_steps and cfg.cluster.rank == 0:
         phases = " then ".join(f"{episodes} episodes on {envs} envs" for episodes, envs in cfg.eval_phases)
-        lines.append(f"  evaluator: cpu, {phases}, {cfg.eval.torch_threads} torch thread(s), every "
-                     f"{cfg.eval.every_env_steps:,} env steps")
+        lines.append(f"  evaluator: {eval_device(cfg, gpus)}, {phases} on {cfg.eval_env.threads_per_collector} env "
+                     f"thread(s), {cfg.eval.torch_threads} torch thread(s), every {cfg.eval.every_env_steps:,} env "
+                     f"steps")
     return lines, advice
 
 
@@ -202,7 +210,7 @@ class Outcome(NamedTuple):
 
 
 def gpu_steps(config: str, overrides: list[str], name: str) -> list[Step]:
-    """What the acceptance run runs, in order: about 10 minutes on one GPU (8.5 on an H100)."""
+    """What the acceptance run runs, in order: about 10 minutes on one GPU."""
     python = sys.executable
     return [
         Step("cuda tests", [python, "-m", "pytest", "-q", "-m", "cuda", "tests/"], 900),
@@ -213,6 +221,27 @@ def gpu_steps(config: str, overrides: list[str], name: str) -> list[Step]:
         Step("short training run", [python, "-m", "rl_dqn", "local", config, *overrides, f"run.name={name}-train",
                                     "train.total_env_steps=150000", "eval.every_env_steps=50000",
                                     "learner.checkpoint_replay=false"], 600),
+    ]
+
+
+def node_steps(config: str, overrides: list[str], name: str) -> list[Step]:
+    """What --gpu --quick runs, in order, each within its time limit (at most 9 minutes in all): the node's headline
+    figures first, so that a run cut short keeps them."""
+    python = sys.executable
+    return [
+        Step("cuda tests of the update", [python, "-m", "pytest", "-q", "-m", "cuda", "tests/test_trainer.py",
+                                          "tests/test_sumtree.py", "tests/test_learner.py"], 70),
+        Step("learner: eager and captured", [python, "benchmarks/learner.py", "--devices", "cuda", "--only",
+                                             "NIPS, PER, 10-step", "--batches", "32,256", "--overlap", "on",
+                                             "--graph", "on,off", "--seconds", "1.5", "--replay", "20000"], 95),
+        Step("Pong to 18", [python, "benchmarks/learning.py", config, *overrides, "--seeds", "1", "--minutes", "2.5",
+                            "--stop-at", "18", "--prefix", f"{name}-pong"], 175),
+        Step("scaling over the CPU transport", [python, "benchmarks/scaling.py", config, *overrides, "--collectors",
+                                                "4,14", "--ratios", "2,0", "--transports", "cpu", "--seconds", "12",
+                                                "--prefix", f"{name}-scaling"], 150),
+        Step("scaling over the CUDA transport", [python, "benchmarks/scaling.py", config, *overrides,
+                                                 "--collectors", "14", "--ratios", "2", "--transports", "cuda",
+                                                 "--seconds", "12", "--prefix", f"{name}-scaling"], 45),
     ]
 
 
@@ -275,7 +304,8 @@ def report(header: list[str], outcomes: list[Outcome]) -> str:
     return "\n".join(parts)
 
 
-def acceptance_run(config: str, overrides: list[str], runs_dir: Path, steps: list[Step] | None = None) -> int:
+def acceptance_run(config: str, overrides: list[str], runs_dir: Path, steps: list[Step] | None = None,
+                   quick: bool = False) -> int:
     """Runs the GPU checks and writes runs/doctor-<date>/report.md; exit 0 when every check passed, else 1."""
     import torch
     if steps is None and not torch.cuda.is_available():
@@ -287,7 +317,9 @@ def acceptance_run(config: str, overrides: list[str], runs_dir: Path, steps: lis
     folder.mkdir(parents=True, exist_ok=True)
     header, found = check(config, overrides, runs_dir)
     header += [f"recommended: {a}" for a in found.recommendations] + [f"problem: {p}" for p in found.problems]
-    outcomes = run_steps(steps if steps is not None else gpu_steps(config, overrides, name), folder,
+    if steps is None:
+        steps = (node_steps if quick else gpu_steps)(config, overrides, name)
+    outcomes = run_steps(steps, folder,
                          after_each=lambda so_far: (folder / "report.md").write_text(report(header, so_far)))
     failed = [o.step.name for o in outcomes if not o.passed]
     print(f"doctor --gpu: {len(outcomes) - len(failed)} of {len(outcomes)} checks passed"
@@ -298,14 +330,20 @@ def acceptance_run(config: str, overrides: list[str], runs_dir: Path, steps: lis
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="./launch/doctor.sh", description=__doc__.split("\n\n")[0])
     parser.name = "doctor"
-    parser.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help=f"default {DEFAULT_CONFIG}")
+    parser.add_argument("config", nargs="?", default=None,
+                        help=f"default {DEFAULT_CONFIG} ({NODE_CONFIG} with --gpu --quick)")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     parser.add_argument("--gpu", action="store_true", help="the GPU acceptance run (about 10 minutes)")
+    parser.add_argument("--quick", action="store_true", help="with --gpu: a GPU node's figures for a node config "
+                                                             "(at most 9 minutes)")
     args = parser.parse_args(argv)
+    if args.quick and not args.gpu:
+        parser.error("--quick goes with --gpu")
+    config = args.config or (NODE_CONFIG if args.quick else DEFAULT_CONFIG)
     from rl_dqn.cli import RUNS_DIR
     if args.gpu:
-        return acceptance_run(args.config, args.overrides, RUNS_DIR)
-    lines, found = check(args.config, args.overrides, RUNS_DIR)
+        return acceptance_run(config, args.overrides, RUNS_DIR, quick=args.quick)
+    lines, found = check(config, args.overrides, RUNS_DIR)
     print("\n".join(lines))
     for advice in found.recommendations:
         print(f"recommended: {advice}")
@@ -313,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         for problem in found.problems:
             print(f"doctor: {problem}", file=sys.stderr)
         return 2
-    print(f"{args.config} can run here as written")
+    print(f"{config} can run here as written")
     return 0
 
 

@@ -40,7 +40,8 @@ def play(env, network: QNetwork, episodes: int, epsilon: float, generator: torch
     handed env 0's screen (the env must keep it) at the start of its first episode and after each of that
     episode's steps, up to `record_steps` steps."""
     n = env.num_envs
-    epsilons = torch.full((n,), epsilon)
+    device = next(network.parameters()).device   # the env steps on the CPU; the network acts where it is
+    epsilons = torch.full((n,), epsilon, device=device)
     returns = torch.zeros(n, dtype=torch.float64)
     started = min(n, episodes)
     slots = [i if i < started else None for i in range(n)]   # where each env's current episode goes in `scores`
@@ -52,8 +53,8 @@ def play(env, network: QNetwork, episodes: int, epsilon: float, generator: torch
         record(env.screen)
     while ended_count < episodes:
         with torch.inference_mode():
-            actions = dqn.select_actions(network(obs), epsilons, generator)
-        result = env.step(actions)
+            actions = dqn.select_actions(network(obs.to(device, non_blocking=True)), epsilons, generator)
+        result = env.step(actions.cpu())
         returns += result.raw_reward
         ended = result.episode_end
         if recording and recorded < record_steps:
@@ -160,6 +161,7 @@ class Evaluator:
 def _evaluator_main(cfg_dict: dict, requests, results) -> None:
     from rl_dqn.supervisor import die_with_parent
     from rl_dqn.system import configure_process
+    from rl_dqn.transport.devices import eval_device
     die_with_parent()
     configure_process()
     cfg = from_dict(cfg_dict)
@@ -171,8 +173,9 @@ def _evaluator_main(cfg_dict: dict, requests, results) -> None:
             envs.append(make_vector_env(cfg.eval_env, count, seed=cfg.run.seed * 100_000 + 99_999 - 1_000 * phase,
                                         screen=record > 0 and phase == 0))
         spec = envs[0].spec
-        network = QNetwork.for_env(spec.obs_shape, spec.num_actions, cfg.network, "cpu").for_acting()
-        generator = torch.Generator().manual_seed(cfg.run.seed + 99_999)
+        device = eval_device(cfg, torch.cuda.device_count())
+        network = QNetwork.for_env(spec.obs_shape, spec.num_actions, cfg.network, device).for_acting()
+        generator = torch.Generator(device).manual_seed(cfg.run.seed + 99_999)
         while (request := requests.get()) is not None:
             state, env_steps, elapsed_s, version = request
             network.load_state_dict(state)

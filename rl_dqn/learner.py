@@ -22,7 +22,7 @@ import torch
 from envs import EnvSpec
 from rl_dqn import checkpoints
 from rl_dqn.config import Config, to_dict
-from rl_dqn.console import say
+from rl_dqn.console import StartupClock, say
 from rl_dqn.evaluate import EvalResult, Evaluator
 from rl_dqn.intake import Intake
 from rl_dqn.network import describe_precision, resolve_precision
@@ -32,6 +32,8 @@ from rl_dqn.transport import LEARNER_RANK, LearnerEndpoint, TransportError, plac
 from rl_dqn.types import Ack, Chunk
 
 __all__ = ["Learner"]
+
+BURST_S = 0.005   # the longest the loop trains before it looks at the transport again
 
 
 class Learner:
@@ -54,7 +56,9 @@ class Learner:
         # computes it fast). The run folder's config.yaml and TensorBoard's hyperparameters show this one.
         precision = resolve_precision(cfg.network.precision, self.device)
         self.used_cfg = dataclasses.replace(cfg, network=dataclasses.replace(cfg.network, precision=precision))
+        self.startup = StartupClock(launched_at)   # where the time to the first update goes
         self.trainer = Trainer(self.used_cfg, spec, self.device)
+        self.startup.mark(f"replay and networks on {self.device}")
         self.report = Report(self.used_cfg, run_dir, self.device, launched_at)
         self.intake = Intake(cfg, spec, self.trainer.replay,
                              standing=lambda chunk: self.transport.sender_standing(chunk),
@@ -96,9 +100,11 @@ class Learner:
             say("learner", f"warning: {warning}")
         say("learner", f"training on {self.device} in {precision}, replay {self.cfg.train.replay_capacity:,} "
                        f"transitions in {self.cfg.num_envs} lanes, waiting for {self.cfg.num_collectors} collectors")
+        self.startup.mark("joined")
         self.publish()
         total = self.cfg.train.total_env_steps
         last_log = alone_since = time.monotonic()
+        first_chunk_at, first_update_at = intake.env_steps, trainer.updates   # (a resumed run's are not 0)
         self.ended = "error"   # unless the loops below end
         try:
             while not self.stop.is_set() and not self.reached_stop_score and intake.env_steps < total:
@@ -115,8 +121,21 @@ class Learner:
                     intake.hold(delivery)
                 for delivery in intake.release(trainer.updates):
                     transport.acknowledge(delivery, Ack(intake.env_steps, stop=False))
-                if intake.wants_update(trainer.updates):
+                if first_chunk_at is not None and intake.env_steps > first_chunk_at:
+                    self.startup.mark("first chunk")
+                    first_chunk_at = None
+                # Updates while the replay ratio asks for them, for up to BURST_S: where an update is one CUDA graph
+                # launch, the rest of the loop (answers, membership, evaluation, logs) then runs once per several
+                # updates rather than once per update; where an update takes longer, once per update as before.
+                burst_end = now + BURST_S
+                while intake.wants_update(trainer.updates) and not self.reached_stop_score:
                     self._train_one()
+                    if time.monotonic() >= burst_end:
+                        break
+                if first_update_at is not None and trainer.updates > first_update_at:
+                    self.startup.mark("first update")
+                    say("learner", f"start-up {self.startup.line()}")
+                    first_update_at = None
                 transport.watch()
                 self._follow_membership()
                 if transport.alive:
@@ -153,7 +172,11 @@ class Learner:
     def step(self) -> Update:
         """One update, timed and reported."""
         started = time.perf_counter()
+        captured = self.trainer.static
         update = self.trainer.step(self.intake.env_steps)
+        if captured and not self.trainer.static:
+            say("learner", f"warning: learner.cuda_graph: the update could not be captured as a CUDA graph "
+                           f"({self.trainer.capture_error}); it runs eagerly")
         self.report.updated(update, time.perf_counter() - started, self.intake.env_steps, self.trainer.updates)
         return update
 

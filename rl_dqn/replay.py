@@ -126,7 +126,7 @@ class ReplayMemory:
             td = returns + discounts * self.q_max[lane, next_tick % cap] - self.q_taken[lane, tick % cap]
             td = torch.where(drawable, td.abs(), 0.0)
             priority = self._priority(td)
-            self.max_priority = torch.maximum(self.max_priority, td.max() + self.priority_eps)
+            self._raise_max_priority(td)
         elif self.prioritized:
             priority = self.max_priority ** self.alpha
         else:
@@ -207,7 +207,16 @@ class ReplayMemory:
         memory's n_step, which it is when None): the memory stores single steps, so a run can shorten them."""
         if not self._ready:
             raise ValueError(f"replay holds no transition yet, fewer than a batch of {batch_size}")
-        index, probability = self.tree.sample(batch_size, generator)
+        rng_device = generator.device if generator is not None else self.device
+        offsets = torch.rand(batch_size, generator=generator, dtype=torch.float64, device=rng_device)
+        return self.sample_at(offsets.to(self.device), beta, n_step)
+
+    def sample_at(self, offsets: torch.Tensor, beta: float | torch.Tensor = 1.0, n_step: int | None = None) -> Batch:
+        """sample() with its random numbers given (one offset in [0, 1) per transition, on the memory's device) and
+        `beta` a number or a 0-dim tensor: no host sync and fixed shapes, so that a captured CUDA graph can hold it
+        (rl_dqn.trainer). The memory must be `ready`."""
+        batch_size = len(offsets)
+        index, probability = self.tree.sample_at(offsets)
         lane, position = index // self.lane_capacity, index % self.lane_capacity
         newest = self.written[lane] - 1
         tick = newest - (newest - position) % self.lane_capacity
@@ -223,8 +232,13 @@ class ReplayMemory:
         if not self.prioritized:
             return
         errors = td_errors.detach().abs().double()
-        self.max_priority = torch.maximum(self.max_priority, errors.max() + self.priority_eps)
+        self._raise_max_priority(errors)
         self.tree.set(index, self._priority(errors))
+
+    def _raise_max_priority(self, abs_td: torch.Tensor) -> None:
+        """max_priority rises to the largest |TD error| + eps of `abs_td`, in place: a captured CUDA graph reads and
+        writes the tensor it was captured with."""
+        torch.maximum(self.max_priority, abs_td.max() + self.priority_eps, out=self.max_priority)
 
     def _priority(self, abs_td: torch.Tensor) -> torch.Tensor:
         return (abs_td.double() + self.priority_eps) ** self.alpha

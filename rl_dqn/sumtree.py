@@ -103,7 +103,13 @@ class SumTree:
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         rng_device = generator.device if generator is not None else self.device
-        offsets = torch.rand(batch_size, generator=generator, dtype=torch.float64, device=rng_device)
+        return self.sample_at(torch.rand(batch_size, generator=generator, dtype=torch.float64, device=rng_device))
+
+    def sample_at(self, offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """sample() with its random numbers given: one offset in [0, 1) per stratum. With no host sync and shapes
+        fixed by `offsets`, so that it can run inside a captured CUDA graph whose offsets are drawn before each
+        replay."""
+        batch_size = len(offsets)
         total = self.levels[-1][0]
         strata = torch.arange(batch_size, dtype=torch.float64, device=self.device)
         index = self.find((strata + offsets.to(self.device)) * (total / batch_size))

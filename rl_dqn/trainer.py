@@ -33,16 +33,25 @@ class Update(NamedTuple):
 
 class Trainer:
     """The online and target Q-networks, Adam, the replay memory (on the same device) and the sampling generator.
-    `cfg` is the config as this process runs it (network.precision resolved for `device`)."""
+    `cfg` is the config as this process runs it (network.precision resolved for `device`).
 
-    def __init__(self, cfg: Config, spec: EnvSpec, device: torch.device):
+    An update runs eagerly, or on static buffers (`static`, by default learner.cuda_graph on a GPU): its inputs
+    written into fixed tensors, Adam's learning rate and step count on the device, no host sync. On a GPU that
+    form is captured once as a CUDA graph and replayed; on the CPU, where there are no graphs, it runs as it is,
+    which lets a test compare its math with the eager update's anywhere."""
+
+    def __init__(self, cfg: Config, spec: EnvSpec, device: torch.device, static: bool | None = None):
         t = cfg.train
         self.cfg, self.device = cfg, device
         torch.manual_seed(cfg.run.seed)
         self.network = QNetwork.for_env(spec.obs_shape, spec.num_actions, cfg.network, device)
         self.target = copy.deepcopy(self.network).for_acting(channels_last=self.network.channels_last)
-        # The fused kernel: 0.5 ms per step for the Nature CNN on 2 CPU cores against 6 ms for the default.
-        self.optimizer = torch.optim.Adam(self.network.parameters(), lr=t.lr, eps=t.adam_eps, fused=True)
+        # learner.cuda_graph: on a GPU the whole update is one captured CUDA graph (see _replay_graph()), whose Adam
+        # keeps its step count and learning rate on the device (capturable). Fused Adam: one kernel for all
+        # parameters, on the CPU too.
+        self.static = cfg.learner.cuda_graph and device.type == "cuda" if static is None else static
+        self.optimizer = torch.optim.Adam(self.network.parameters(), lr=self._lr_value(t.lr), eps=t.adam_eps,
+                                          fused=True, capturable=self.static)
         self.replay = ReplayMemory(t.replay_capacity, cfg.num_envs, spec.frame_shape, spec.obs_dtype,
                                    spec.frame_stack, replay_device=device, n_step=t.n_step, gamma=t.gamma,
                                    prioritized=t.prioritized, alpha=t.priority_alpha, priority_eps=t.priority_eps,
@@ -51,9 +60,10 @@ class Trainer:
         self.updates = 0
         # eval.ema_updates: a moving average of the online network's parameters, which the evaluator plays.
         self.averaged = [p.detach().clone() for p in self.network.parameters()] if cfg.eval.ema_updates else None
-        # learner.overlap: the helper thread prepares the next batch during an update (see step()).
+        # learner.overlap: the helper thread prepares the next batch during an update (see step()); a captured
+        # graph runs the whole update as one launch, with nothing to overlap.
         self._helper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="learner-batches") \
-            if cfg.learner.overlap else None
+            if cfg.learner.overlap and not self.static else None
         self._prepared: concurrent.futures.Future | None = None
         self._generator_before_prepared: torch.Tensor | None = None   # its state before the prepared batch
         self._env_steps = 0   # of the update in progress: the beta and n-step schedules follow it
@@ -61,58 +71,191 @@ class Trainer:
         self._loss_sum = torch.zeros((), device=device)
         self._q_sum = torch.zeros((), device=device)
         self._summed = 0
+        # The captured update's inputs, written before each replay: the sampling offsets and beta.
+        self._offsets = torch.zeros(t.batch_size, dtype=torch.float64, device=device)
+        self._beta = torch.zeros((), dtype=torch.float64, device=device)
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, Update]] = {}   # by the n of the n-step returns
+        self._lr_set: float | None = t.lr   # the learning rate Adam holds on the device
+        self.capture_error: str | None = None   # why the update could not be captured, where it could not
 
     def step(self, env_steps: int) -> Update:
         """One update (Double DQN's, or with train.double false Nature DQN's) on an n-step batch, drawn uniformly
-        or by priority (then weighted by importance and re-prioritized by its TD errors), `env_steps` into the run.
-
-        With learner.overlap the helper thread computes the online network's values of s' (Double DQN's) while this
-        thread computes those of s, then samples the next batch, converts its frames and evaluates the target network
-        on it while this one runs the backward pass and the optimizer. Each side runs whole operations on its own
-        cores, which on a small CPU wastes less than splitting every operation over all of them. The helper is idle
-        again when step() returns, so replay inserts, checkpoints and target refreshes never run beside it."""
+        or by priority (then weighted by importance and re-prioritized by its TD errors), `env_steps` into the run:
+        as a replay of the captured CUDA graph of the whole update (learner.cuda_graph, on a GPU), or eagerly."""
         t = self.cfg.train
         self._env_steps = env_steps
+        lr = dqn.linear_schedule(env_steps, t.lr, t.lr_end, t.lr_decay_start_env_steps,
+                                 t.lr_decay_end_env_steps or t.total_env_steps)
+        update = self._replay_graph(lr) if self.static else self._eager_step(lr)
+        self.updates += 1
+        self._summed += 1
+        if self.updates % t.target_update_updates == 0:
+            self.target.load_state_dict(self.network.state_dict())   # in place: a captured graph reads these
+        return update
+
+    def _eager_step(self, lr: float) -> Update:
+        """The update as separate operations. With learner.overlap the helper thread computes the online network's
+        values of s' (Double DQN's) while this thread computes those of s, then samples the next batch, converts its
+        frames and evaluates the target network on it while this one runs the backward pass and the optimizer. Each
+        side runs whole operations on its own cores, which on a small CPU wastes less than splitting every operation
+        over all of them. The helper is idle again when it returns, so replay inserts, checkpoints and target
+        refreshes never run beside it."""
+        t = self.cfg.train
         batch, inputs, next_inputs, next_target = self._take_prepared() or self._prepare_batch()
         if self._helper is not None and t.double:
             next_online = self._helper.submit(self._online_values, next_inputs)
         q = self.network(inputs).gather(1, batch.actions[:, None]).squeeze(1)
-        with torch.no_grad():
-            if t.double:
-                online = next_online.result() if self._helper is not None else self._online_values(next_inputs)
-                targets = dqn.double_dqn_target(batch.returns, batch.discounts, online, next_target)
-            else:
-                targets = dqn.dqn_target(batch.returns, batch.discounts, next_target)
-        loss = dqn.td_loss(q, targets, batch.weights if t.prioritized else None)
-        self.replay.update_priorities(batch.index, q.detach() - targets)   # before the next batch is drawn
+        online = None
+        if t.double:
+            online = next_online.result() if self._helper is not None else self._online_values(next_inputs)
+        targets, loss = self._loss(batch, q, online, next_target)
         # Not across a target refresh: the prepared batch's targets would come from the old target network.
         if self._helper is not None and (self.updates + 1) % t.target_update_updates != 0:
             self._generator_before_prepared = self.generator.get_state()
             self._prepared = self._helper.submit(self._prepare_batch)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.network.parameters(), t.max_grad_norm)
-        lr = dqn.linear_schedule(env_steps, t.lr, t.lr_end, t.lr_decay_start_env_steps,
-                                 t.lr_decay_end_env_steps or t.total_env_steps)
         for group in self.optimizer.param_groups:   # a float: the fused step reads it, no recompilation
             group["lr"] = lr
+        self._apply(loss, q)
+        if self._prepared is not None:
+            concurrent.futures.wait([self._prepared])
+        return Update(q.detach(), targets, loss.detach())
+
+    def _loss(self, batch, q: torch.Tensor, next_online: torch.Tensor | None, next_target: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The TD targets and the loss of Q(s, a) `q`; the batch's new priorities go into the replay (before the next
+        batch is drawn)."""
+        t = self.cfg.train
+        with torch.no_grad():
+            if t.double:
+                targets = dqn.double_dqn_target(batch.returns, batch.discounts, next_online, next_target)
+            else:
+                targets = dqn.dqn_target(batch.returns, batch.discounts, next_target)
+        loss = dqn.td_loss(q, targets, batch.weights if t.prioritized else None)
+        self.replay.update_priorities(batch.index, q.detach() - targets)
+        return targets, loss
+
+    def _apply(self, loss: torch.Tensor, q: torch.Tensor) -> None:
+        """The gradient step on `loss`, the weights' moving average and the sums that mean_loss_and_q() reads, all
+        in place (a captured graph replays them on the same tensors)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.network.parameters(), self.cfg.train.max_grad_norm)
         self.optimizer.step()
         if self.averaged is not None:   # one fused pass over all parameters
             torch._foreach_lerp_(self.averaged, list(self.network.parameters()), 1.0 / self.cfg.eval.ema_updates)
-        if self._prepared is not None:
-            concurrent.futures.wait([self._prepared])
-        self.updates += 1
-        self._loss_sum += loss.detach()
-        self._q_sum += q.detach().mean()
-        self._summed += 1
-        if self.updates % t.target_update_updates == 0:
-            self.target.load_state_dict(self.network.state_dict())
+        self._loss_sum.add_(loss.detach())
+        self._q_sum.add_(q.detach().mean())
+
+    # -------------------------------------------------------------------------------- the captured update
+
+    def _replay_graph(self, lr: float) -> Update:
+        """The whole update (sampling, both networks, the loss, new priorities, backward, clipping, Adam, the moving
+        average) as one CUDA graph launch: its kernels would each cost more to launch from Python than to run at
+        the batch sizes DQN uses. Only its inputs are written first: the sampling offsets from the trainer's
+        generator (the stream of random numbers the eager update draws), beta, and the learning rate when it
+        changes. The graph is captured at the first update and again after load_state() (once per n of the n-step
+        returns while train.n_step_end shortens them)."""
+        n_step = self._graph_inputs(lr)
+        if self.device.type != "cuda":
+            return self._graph_body(n_step)   # nothing to capture: the same operations, run as they come
+        if n_step not in self._graphs:
+            try:
+                self._graphs[n_step] = self._capture(n_step)
+            except RuntimeError as e:   # an operation CUDA graphs cannot hold: train on, eagerly
+                self._fall_back(f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
+                return self._eager_step(lr)
+        graph, update = self._graphs[n_step]
+        graph.replay()
+        return update
+
+    def _fall_back(self, why: str) -> None:
+        """Updates run eagerly from now on (`capture_error` says why), Adam reading a float learning rate again."""
+        self.capture_error = why
+        self.static, self._graphs = False, {}
+        for group in self.optimizer.param_groups:
+            group["lr"], group["capturable"] = float(group["lr"]), False
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _graph_inputs(self, lr: float) -> int:
+        """Writes what the graph reads (the offsets, beta, the learning rate) for the update in progress; returns
+        the n of its n-step returns."""
+        t = self.cfg.train
+        torch.rand(t.batch_size, generator=self.generator, dtype=torch.float64, device=self.device,
+                   out=self._offsets)
+        self._beta.fill_(dqn.beta_schedule(self._env_steps, t.priority_beta, t.learning_starts,
+                                           t.priority_beta_env_steps or t.total_env_steps))
+        if self._lr_set != lr:
+            for group in self.optimizer.param_groups:
+                if isinstance(group["lr"], torch.Tensor):
+                    group["lr"].fill_(lr)
+                else:
+                    group["lr"] = lr
+            self._lr_set = lr
+        return self._n_step()
+
+    def _graph_body(self, n_step: int) -> Update:
+        """What the graph holds: one update whose sampling reads self._offsets and self._beta and whose Adam reads
+        its learning rate from the device. The same operations as the eager update without learner.overlap."""
+        t = self.cfg.train
+        batch = self.replay.sample_at(self._offsets, self._beta, n_step)
+        with torch.no_grad():
+            next_inputs = self.target.inputs(batch.next_obs)
+            next_target = self.target(next_inputs)
+            online = self.network(next_inputs) if t.double else None
+        q = self.network(self.network.inputs(batch.obs)).gather(1, batch.actions[:, None]).squeeze(1)
+        targets, loss = self._loss(batch, q, online, next_target)
+        self._apply(loss, q)
         return Update(q.detach(), targets, loss.detach())
+
+    def _capture(self, n_step: int) -> tuple[torch.cuda.CUDAGraph, Update]:
+        """Captures _graph_body() after warming it up on a side stream (as torch.cuda.graphs' whole-network
+        capture asks: https://pytorch.org/docs/stable/notes/cuda.html#whole-network-capture). The warm-up changes
+        nothing that stays: every tensor the update writes is put back as it was, and Adam's state, if it has
+        none yet, is made by a step on zero gradients, which leaves the parameters as they are."""
+        if not self.optimizer.state:
+            for p in self.network.parameters():
+                p.grad = torch.zeros_like(p)
+            self.optimizer.step()
+            for state in self.optimizer.state.values():
+                state["step"].zero_()
+        kept = [tensor.clone() for tensor in self._written_by_update()]
+        current = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                self._graph_body(n_step)
+        current.wait_stream(side)
+        for tensor, value in zip(self._written_by_update(), kept):
+            tensor.copy_(value)
+        graph = torch.cuda.CUDAGraph()
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            update = self._graph_body(n_step)
+        return graph, update
+
+    def _written_by_update(self) -> list[torch.Tensor]:
+        """Every tensor an update writes that outlives it."""
+        tree = self.replay.tree
+        written = [*self.network.parameters(), *self.network.buffers(), *(self.averaged or []),
+                   self._loss_sum, self._q_sum, self.replay.max_priority, *tree.levels, tree._positive]
+        for state in self.optimizer.state.values():
+            written += [value for value in state.values() if isinstance(value, torch.Tensor)]
+        return written
+
+    def _lr_value(self, lr: float) -> float | torch.Tensor:
+        """The learning rate as Adam holds it: on the device for a captured graph, else a float."""
+        return torch.tensor(lr, dtype=torch.float32, device=self.device) if self.static else lr
+
+    def _n_step(self) -> int:
+        t = self.cfg.train
+        return round(dqn.linear_schedule(self._env_steps, t.n_step, t.n_step_end, t.n_step_decay_start_env_steps,
+                                         t.n_step_decay_end_env_steps or t.total_env_steps))
 
     @property
     def lr(self) -> float:
         """The learning rate of the newest update (before the first, train.lr or a resumed optimizer's)."""
-        return self.optimizer.param_groups[0]["lr"]
+        return float(self.optimizer.param_groups[0]["lr"])
 
     def _prepare_batch(self) -> tuple:
         """A batch, its observations converted for the online network (QNetwork.inputs()), its next observations
@@ -121,9 +264,7 @@ class Trainer:
         t = self.cfg.train
         beta = dqn.beta_schedule(self._env_steps, t.priority_beta, t.learning_starts,
                                  t.priority_beta_env_steps or t.total_env_steps)
-        n_step = round(dqn.linear_schedule(self._env_steps, t.n_step, t.n_step_end, t.n_step_decay_start_env_steps,
-                                           t.n_step_decay_end_env_steps or t.total_env_steps))
-        batch = self.replay.sample(t.batch_size, self.generator, beta, n_step)
+        batch = self.replay.sample(t.batch_size, self.generator, beta, self._n_step())
         with torch.no_grad():
             next_inputs = self.target.inputs(batch.next_obs)        # converted once for both networks
             return batch, self.network.inputs(batch.obs), next_inputs, self.target(next_inputs)
@@ -162,8 +303,11 @@ class Trainer:
     def state(self) -> dict:
         """Networks, optimizer, the sampling generator and the weights' moving average if any (with `updates`, all a
         resumed trainer needs): it draws the batch that this one has prepared but not trained on yet."""
+        optimizer = self.optimizer.state_dict()
+        for group in optimizer["param_groups"]:   # as an eager trainer holds them, so either kind can resume it
+            group["lr"], group["capturable"] = float(group["lr"]), False
         return {"network": self.network.state_dict(), "target": self.target.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
+                "optimizer": optimizer,
                 "generator": self._generator_before_prepared if self._prepared is not None
                 else self.generator.get_state(),
                 "averaged": self.averaged}
@@ -175,6 +319,9 @@ class Trainer:
         self.network.load_state_dict(state["network"])
         self.target.load_state_dict(state["target"])
         self.optimizer.load_state_dict(state["optimizer"])
+        for group in self.optimizer.param_groups:
+            group["lr"], group["capturable"] = self._lr_value(float(group["lr"])), self.static
+        self._graphs, self._lr_set = {}, None   # Adam's state tensors are new: capture again
         if self.averaged is not None:   # a run that had none (or an older checkpoint) starts one from the weights
             for average, saved in zip(self.averaged, state.get("averaged") or self.network.parameters()):
                 average.copy_(saved.detach())

@@ -120,3 +120,25 @@ def test_placement_errors_name_their_key(overrides, rank, gpus, key, words):
     with pytest.raises(ConfigError) as error:
         place(cfg("cluster.rank=1", *overrides), rank, gpu_count=gpus)
     assert error.value.key == key and words in str(error.value), str(error.value)
+
+
+@pytest.mark.parametrize("setting, learner, gpus, expected", [
+    ("cpu", "auto", 1, "cpu"),
+    ("auto", "auto", 1, "cuda:0"),      # the learner's GPU
+    ("auto", "cuda:1", 2, "cuda:1"),
+    ("auto", "cpu", 1, "cpu"),          # a learner on the CPU: so is its evaluator
+    ("auto", "auto", 0, "cpu"),
+    ("cuda:1", "auto", 2, "cuda:1"),
+])
+def test_the_evaluator_acts_on_eval_device_auto_being_the_learners_gpu(setting, learner, gpus, expected):
+    from rl_dqn.transport import eval_device
+    assert eval_device(cfg(f"eval.device={setting}", f"learner.device={learner}"), gpus) == torch.device(expected)
+
+
+@pytest.mark.parametrize("setting, problem", [("cuda", "this node has no CUDA GPU"),
+                                              ("cuda:1", "this node has no GPU")])
+def test_an_evaluator_device_the_node_lacks_is_refused_before_the_learner_starts(setting, problem):
+    with pytest.raises(ConfigError, match="eval.device") as error:
+        place(cfg(f"eval.device={setting}"), 0, gpu_count=0)
+    assert problem in str(error.value)
+    place(cfg(f"eval.device={setting}", "eval.every_env_steps=0"), 0, gpu_count=0)   # no evaluator, no problem

@@ -85,3 +85,20 @@ def test_tensorpipes_verbose_log_does_not_push_a_checks_figures_out_of_the_repor
     assert acceptance_run("configs/pong_cpu.yaml", [], tmp_path, steps) == 0
     (report,) = tmp_path.glob("doctor-*/report.md")
     assert "ingest: cuda 1,763 MB/s" in report.read_text()
+
+
+def test_the_quick_node_run_fits_its_9_minutes_and_runs_scripts_that_exist(tmp_path):
+    """--gpu --quick: each step's time limit sums to at most 9 minutes, and every script and test file it names is
+    in the repository, for configs/pong_gpu.yaml (its default), whose config loads."""
+    from rl_dqn.doctor import NODE_CONFIG, node_steps
+    steps = node_steps(NODE_CONFIG, [], "doctor-x")
+    assert sum(step.timeout_s for step in steps) <= 9 * 60
+    named = [arg for step in steps for arg in step.argv[1:] if arg.endswith((".py", ".yaml"))]
+    assert named and all((ROOT / path).is_file() for path in named), named
+    assert doctor(NODE_CONFIG, runs=tmp_path).returncode == 0
+
+
+@pytest.mark.parametrize("args", [["--quick"], ["--quick", "configs/pong_gpu.yaml"]])
+def test_quick_goes_with_gpu(tmp_path, args):
+    result = doctor(*args, runs=tmp_path)
+    assert result.returncode == 2 and "--quick goes with --gpu" in result.stderr

@@ -7,6 +7,7 @@ import dataclasses
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 import rl_dqn.evaluate
@@ -151,3 +152,24 @@ def test_evaluation_episodes_end_at_the_evaluation_time_limit_and_score_what_the
     assert len(steps) == 1 + 400 // cfg.env.frame_skip   # env 0's first episode: cut after 100 agent steps
     assert len(scores) == 3 and all(-21 <= s <= 0 for s in scores)
 
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_evaluation_steps_its_envs_on_eval_threads_and_acts_on_eval_device(device):
+    """eval.threads steps the evaluation's vector (0: as many threads as a collector's), and play() acts with the
+    network wherever it is, the envs stepping on the CPU: the same scores on either device."""
+    cfg = load_config(ROOT / "configs/pong_gpu.yaml", ["eval.max_episode_frames=400"])
+    assert cfg.eval_env.threads_per_collector == 4 and cfg.env.threads_per_collector == 1
+    assert load_config(ROOT / "configs/pong_gpu.yaml", ["eval.threads=0"]).eval_env.threads_per_collector == 1
+    scores = {}
+    for where in ("cpu", device):
+        env = make_vector_env(cfg.eval_env, 4, seed=3)
+        torch.manual_seed(0)
+        network = QNetwork.for_env(env.spec.obs_shape, env.spec.num_actions, cfg.network, where).for_acting()
+        try:
+            scores[where] = play(env, network, episodes=4, epsilon=0.5,
+                                 generator=torch.Generator(where).manual_seed(0))
+        finally:
+            env.close()
+    assert len(scores[device]) == 4 and all(-21 <= s <= 21 for s in scores[device])
+    if device == "cpu":
+        assert scores["cpu"] == scores[device]

@@ -58,6 +58,8 @@ def place(cfg: Config, rank: int, gpu_count: int) -> Placement:
 
 def _place_learner(cfg: Config, gpu_count: int) -> Placement:
     device = _device(cfg.learner.device, gpu_count, "learner.device", spread_index=0)
+    if cfg.eval.every_env_steps:
+        eval_device(cfg, gpu_count)   # refused here, before anything starts, rather than in the evaluator
     maps: dict[str, dict[int, int]] = {}
     if cfg.transport.kind == "cuda":
         if device.type != "cuda":
@@ -96,6 +98,14 @@ def _place_collector(cfg: Config, rank: int, gpu_count: int) -> Placement:
         elif device.type == "cuda":
             maps[worker_name(LEARNER_RANK)] = {device.index: learner_gpu(cfg)}
     return Placement(device, maps)
+
+
+def eval_device(cfg: Config, gpu_count: int) -> torch.device:
+    """Where the learner's evaluator acts: eval.device, `auto` being the learner's GPU where it trains on one."""
+    if cfg.eval.device == "auto":
+        learner = _device(cfg.learner.device, gpu_count, "learner.device", spread_index=0)
+        return learner if learner.type == "cuda" else torch.device("cpu")
+    return _device(cfg.eval.device, gpu_count, "eval.device", spread_index=0)
 
 
 def learner_gpu(cfg: Config) -> int:
