@@ -2,7 +2,8 @@
 to reach each score, and where the wall time went.
 
     python benchmarks/learning.py CONFIG [--seeds 1,2,3] [--minutes 10] [--stop-at 18] [--scores 0,10,18]
-                                  [--prefix NAME] [--kill-collector-at MIN | --kill-collector-at-env-steps N]
+                                  [--prefix NAME] [--record BENCHMARK]
+                                  [--kill-collector-at MIN | --kill-collector-at-env-steps N]
                                   [--kill-learner-at MIN | --kill-learner-at-env-steps N] [--downtime S]
                                   [section.key=value ...]
 
@@ -63,6 +64,7 @@ sys.path.insert(0, str(ROOT))
 
 from rl_dqn.console import LAUNCHED_AT_ENV, duration  # noqa: E402
 from rl_dqn.plot import EvalPoint, PlotError, first_reaching, load_events, read_evals, score_list, table  # noqa: E402
+from rl_dqn.results import RESULTS, ResultsError, record  # noqa: E402
 from rl_dqn.supervisor import EXIT_BAD_INPUT  # noqa: E402
 
 POLL_S = 10.0
@@ -338,6 +340,9 @@ def main() -> int:
                                 f"them{then}")
     parser.add_argument("--downtime", type=float, default=30.0, metavar="SECONDS",
                         help="seconds between the killed learner's run stopping and its resumption (default 30)")
+    parser.add_argument("--record", default="", metavar="BENCHMARK",
+                        help="keep each seed that ran to its end or its time limit as a record in "
+                             "results/BENCHMARK/ (python -m rl_dqn.results), from which docs/results.md is made")
     parser.add_argument("--prefix", default="", help="run names are <prefix>-s<seed> (default: the config's name "
                                                      "and the time)")
     args = parser.parse_intermixed_args()
@@ -352,6 +357,9 @@ def main() -> int:
     faults = Faults(_kill_at(parser, args, "collector"), _kill_at(parser, args, "learner"), args.downtime)
     prefix = args.prefix or f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     # A run there would be refused (exit code 2), and so resumed, and timed, as if it were this seed's.
+    if args.record and not (RESULTS / args.record / "benchmark.yaml").is_file():
+        parser.error(f"--record {args.record}: no such benchmark in {_shown(RESULTS)} (a folder with a "
+                     f"benchmark.yaml)")
     taken = [folder for seed in seeds if _holds_a_run(folder := runs_dir() / f"{prefix}-s{seed}")]
     if taken:
         parser.exit(2, f"{parser.prog}: error: {', '.join(map(_shown, taken))} already "
@@ -384,6 +392,11 @@ def main() -> int:
                 break
             continue
         print(f"  {duration(wall)} from launch to exit; " + where_time_went(folder), flush=True)
+        if args.record and not interrupted and not outcome.failed:
+            try:
+                print(f"  recorded {_shown(record(folder, args.record))}", flush=True)
+            except ResultsError as e:
+                print(f"  not recorded: {e}", flush=True)
         if faults.collector or faults.learner:
             # The run's clock leaves out the time between the learner's death and the resumed launch.
             for score in args.scores:

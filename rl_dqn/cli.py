@@ -321,6 +321,7 @@ def _learner(cfg: Config, args) -> int:
     configure_process()
     learner = Learner(cfg, spec, folder, stop=stop, device=placement.device, launched_at=launched_at())
     save_config(learner.used_cfg, folder / "config.yaml")
+    learner.report.write_run_info(sys.argv, resumed=cfg.run.resume)
     if cfg.run.resume:
         checkpoint = checkpoints.newest(folder)
         try:

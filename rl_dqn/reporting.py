@@ -15,6 +15,7 @@ from rl_dqn.config import Config
 from rl_dqn.console import duration, progress, say
 from rl_dqn.evaluate import EvalResult
 from rl_dqn.metrics import Board, RateMeter
+from rl_dqn import system
 from rl_dqn.system import SystemMeter
 from rl_dqn.trainer import Update
 from rl_dqn.transport import Change, Membership, collector_rank, slot_of, worker_name
@@ -66,6 +67,19 @@ class Report:
         self._eval_rounds, self._eval_round_s, self._eval_cpu_s = 0, 0.0, 0.0
         self._resumed_at_s = 0.0   # the run's clock when this process took it over from a checkpoint
         self._system = SystemMeter(device, gpu_utilization=True)
+
+    def write_run_info(self, argv: list[str], resumed: bool) -> None:
+        """runs/<name>/run.json: the code (commit) and the machine the run ran on, and its command; a resumed run
+        keeps what its first process wrote and adds each resumption's under "resumed"."""
+        path = self.run_dir / "run.json"
+        this = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": argv, **system.code_version(),
+                "machine": system.machine()}
+        info = json.loads(path.read_text()) if resumed and path.is_file() else None
+        if info is None:
+            info = this | {"resumed": []}
+        else:
+            info.setdefault("resumed", []).append(this)
+        path.write_text(json.dumps(info, indent=2))
 
     def elapsed(self) -> float:
         """Seconds on the run's clock."""

@@ -54,6 +54,42 @@ def configure_process() -> None:
     flush_denormals()
 
 
+def machine() -> dict:
+    """What a result was measured on: the CPU (model, the cores this process may use, whether it has AVX512-BF16 or
+    AMX, which decide network.precision: auto), the GPUs and the software."""
+    from importlib import metadata
+
+    def version(package: str) -> str:
+        try:
+            return metadata.version(package)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        cpuinfo = ""
+    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
+                 "unknown CPU")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return {"cpu": model, "cores": cores, "avx512_bf16": torch.cpu._is_avx512_bf16_supported(),
+            "amx": torch.cpu._is_amx_tile_supported(), "gpus": gpus, "torch": torch.__version__,
+            "gymnasium": version("gymnasium"), "ale_py": version("ale-py")}
+
+
+def code_version(root: Path = Path(__file__).resolve().parents[1]) -> dict:
+    """The git commit of the code at `root` and whether its tracked files differ from it (None where it is not a
+    git checkout)."""
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip() != ""
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+    return {"commit": commit, "dirty": dirty}
+
+
 def _node_cpu_times() -> tuple[int, int]:
     """(busy, total) jiffies of every core of this node since boot."""
     fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]

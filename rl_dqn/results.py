@@ -1,0 +1,239 @@
+"""Results as records, and the page generated from them.
+
+    python -m rl_dqn.results record runs/<name> BENCHMARK   keep a finished run as results/BENCHMARK/<name>/
+    python -m rl_dqn.results                                write docs/results.md and its figures from results/
+    python -m rl_dqn.results --check                        exit 1 if docs/results.md is not what results/ gives
+
+A record is what a reported result rests on, small enough to commit: the config as the run ran it (config.yaml), its
+code and machine (run.json), its summary (summary.json) and its evaluation curve (eval.csv: env steps, seconds from
+launch, mean score, its standard deviation over the round's episodes, episodes). A benchmark is a folder of records
+with a benchmark.yaml (its title, what it measures, the command that runs a seed, the scores its table times) and,
+for runs reported before records existed, an earlier.md whose table the page shows as it is, marked as such, until
+re-runs replace it. The page has one section per benchmark: a table with a row per record, linked to it, and a
+figure of every record's curve drawn by rl_dqn.plot.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+import yaml
+
+from rl_dqn.console import OneLineParser, duration
+from rl_dqn.plot import EvalPoint, PlotError, draw, first_reaching, read_evals
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "results"
+PAGE = ROOT / "docs" / "results.md"
+FIGURES = ROOT / "docs" / "results"
+CURVE = "eval.csv"
+COLUMNS = ("env_steps", "wall_s", "mean", "std", "episodes")
+RECORD_FILES = ("config.yaml", "run.json", "summary.json", CURVE)
+
+
+class ResultsError(ValueError):
+    """A run that cannot be recorded, or a record or benchmark that cannot be read."""
+
+
+class Benchmark(NamedTuple):
+    name: str             # its folder under results/
+    title: str
+    about: str            # what it measures and how, a paragraph
+    command: str          # the command that runs one seed
+    scores: list[float]   # the scores whose time the table gives
+    target: float | None  # the score drawn as a dashed line on the figure
+    order: int            # its place on the page
+
+
+# ------------------------------------------------------------------------------------------------ recording
+
+
+def record(run_dir: Path, benchmark: str, results: Path = RESULTS) -> Path:
+    """Copies what a finished run's result rests on into results/<benchmark>/<run name>/ and writes its evaluation
+    curve as eval.csv; returns that folder."""
+    folder = results / benchmark
+    if not (folder / "benchmark.yaml").is_file():
+        known = ", ".join(sorted(p.parent.name for p in results.glob("*/benchmark.yaml"))) or "none yet"
+        raise ResultsError(f"no benchmark {benchmark!r} in {results} (a folder with a benchmark.yaml; there are: "
+                           f"{known})")
+    missing = [name for name in ("config.yaml", "run.json", "summary.json") if not (run_dir / name).is_file()]
+    if missing:
+        raise ResultsError(f"{run_dir} is not a finished run: it has no {', '.join(missing)}")
+    try:
+        points = read_evals(run_dir)
+    except PlotError as e:
+        raise ResultsError(str(e)) from None
+    target = folder / run_dir.name
+    if target.exists():
+        raise ResultsError(f"{target} already holds a record; remove it to record {run_dir} again")
+    target.mkdir(parents=True)
+    for name in ("config.yaml", "run.json", "summary.json"):
+        shutil.copyfile(run_dir / name, target / name)
+    whole = _round_episodes(yaml.safe_load((run_dir / "config.yaml").read_text()))
+    episodes = _episodes_logged(run_dir)
+    with open(target / CURVE, "w", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerow(COLUMNS)
+        for p in points:
+            writer.writerow([p.env_steps, f"{p.seconds:.1f}", f"{p.mean:.4f}", f"{p.std:.4f}",
+                             episodes.get(p.env_steps, whole)])
+    return target
+
+
+def _episodes_logged(run_dir: Path) -> dict[int, int]:
+    from rl_dqn.plot import load_events
+    events = load_events(run_dir)
+    if "eval/episodes" not in events.Tags()["scalars"]:
+        return {}
+    return {e.step: int(e.value) for e in events.Scalars("eval/episodes")}
+
+
+def _round_episodes(config: dict) -> int:
+    return int(config["eval"]["episodes"])
+
+
+# ------------------------------------------------------------------------------------------------ reading
+
+
+def benchmarks(results: Path = RESULTS) -> list[Benchmark]:
+    found = []
+    for path in sorted(results.glob("*/benchmark.yaml")):
+        try:
+            data = yaml.safe_load(path.read_text())
+            found.append(Benchmark(path.parent.name, data["title"], data["about"].strip(), data["command"].strip(),
+                                   [float(s) for s in data.get("scores", [])], data.get("target"),
+                                   int(data.get("order", 100))))
+        except (yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ResultsError(f"{path}: {type(e).__name__}: {e}") from None
+    return sorted(found, key=lambda b: (b.order, b.name))
+
+
+def records(benchmark: Benchmark, results: Path = RESULTS) -> list[Path]:
+    """The benchmark's record folders, in order of their run's seed, then name."""
+    folders = [p.parent for p in (results / benchmark.name).glob(f"*/{CURVE}")]
+    return sorted(folders, key=lambda f: (_config(f)["run"]["seed"], f.name))
+
+
+def curve(record_dir: Path) -> list[EvalPoint]:
+    """A record's evaluation curve as rl_dqn.plot draws it."""
+    whole = _round_episodes(_config(record_dir))
+    with open(record_dir / CURVE, newline="") as f:
+        rows = list(csv.DictReader(f))
+    return [EvalPoint(int(r["env_steps"]), float(r["wall_s"]), float(r["mean"]), float(r["std"]),
+                      screened=0 < int(r["episodes"]) < whole) for r in rows]
+
+
+def _config(record_dir: Path) -> dict:
+    return yaml.safe_load((record_dir / "config.yaml").read_text())
+
+
+def _json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+# ------------------------------------------------------------------------------------------------ the page
+
+
+def page(results: Path = RESULTS) -> tuple[str, dict[str, dict[str, list[EvalPoint]]]]:
+    """docs/results.md, and the curves of each benchmark's figure (by benchmark name, then by label)."""
+    parts = ["# Results", "",
+             "Generated by `python -m rl_dqn.results` from the records in [results/](../results/): each row links to "
+             "its record (the config as it ran, the commit and machine in run.json, summary.json, and the evaluation "
+             "curve as eval.csv). Time counts from the launch of the run's command, start-up and evaluation "
+             "included; a score is the mean of an evaluation round's episodes, reached when its round finished. "
+             "A score marked * is the mean of a round that stopped at its screen (eval.screen_episodes).", ""]
+    figures: dict[str, dict[str, list[EvalPoint]]] = {}
+    for bench in benchmarks(results):
+        parts += [f"## {bench.title}", "", bench.about, "", f"`{bench.command}`", ""]
+        folders = records(bench, results)
+        if folders:
+            parts += _table(bench, folders, results)
+            figures[bench.name] = {f"seed {_config(f)['run']['seed']}": curve(f) for f in folders}
+            parts += ["", f"![{bench.title}: evaluation score against wall time and env steps, every record]"
+                          f"(results/{bench.name}.png)", ""]
+        earlier = results / bench.name / "earlier.md"
+        if earlier.is_file():
+            parts += ["Reported before records existed (a table kept as it was written; no record, no curve; a "
+                      "re-run with a record replaces it):", "", earlier.read_text().strip(), ""]
+    return "\n".join(parts).rstrip() + "\n", figures
+
+
+def _table(bench: Benchmark, folders: list[Path], results: Path) -> list[str]:
+    head = ["run", "seed", *[f"to {s:g}" for s in bench.scores], "last", "best", "env steps/s", "commit",
+            "machine"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "-|" * len(head)]
+    for folder in folders:
+        points, summary, info = curve(folder), _json(folder / "summary.json"), _json(folder / "run.json")
+        cells = []
+        for score in bench.scores:
+            p = first_reaching(points, score)
+            cells.append("not reached" if p is None else
+                         f"{duration(p.seconds)} ({p.env_steps / 1e3:,.0f}k){'*' * p.screened}")
+        last = points[-1] if points else None
+        rate = summary.get("env_steps_per_s_training") or summary.get("env_steps_per_s")
+        commit = (info.get("commit") or "unknown")[:7] + ("+" if info.get("dirty") else "")
+        link = folder.relative_to(results.parent).as_posix()
+        rows.append("| " + " | ".join([
+            f"[{folder.name}](../{link}/)", str(_config(folder)["run"]["seed"]), *cells,
+            "-" if last is None else f"{last.mean:.2f}{'*' * last.screened} at {duration(last.seconds)}",
+            "-" if not points else f"{max(p.mean for p in points):.2f}",
+            "-" if rate is None else f"{rate:,.0f}", commit, _machine(info.get("machine", {}))]) + " |")
+    return rows
+
+
+def _machine(machine: dict) -> str:
+    gpus = machine.get("gpus") or []
+    cpu = f"{machine.get('cores', '?')} cores of {machine.get('cpu', 'an unknown CPU')}"
+    extras = ", AMX" if machine.get("amx") else ", AVX512-BF16" if machine.get("avx512_bf16") else ""
+    return (f"{gpus[0]}, " if gpus else "") + cpu + extras
+
+
+def write(results: Path = RESULTS, page_path: Path = PAGE, figures_dir: Path = FIGURES) -> list[Path]:
+    """Writes the page and one figure per benchmark with records; returns the files written."""
+    text, figures = page(results)
+    page_path.parent.mkdir(parents=True, exist_ok=True)
+    page_path.write_text(text)
+    written = [page_path]
+    titles = {b.name: b for b in benchmarks(results)}
+    for name, curves in figures.items():
+        bench = titles[name]
+        out = figures_dir / f"{name}.png"
+        draw(curves, out, [bench.target] if bench.target is not None else [], bench.title)
+        written.append(out)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = OneLineParser(prog="python -m rl_dqn.results", description=__doc__.split("\n\n")[0])
+    parser.name = "results"
+    parser.add_argument("what", nargs="*", metavar="record RUN_DIR BENCHMARK",
+                        help="record a finished run; with nothing, write the page and its figures")
+    parser.add_argument("--check", action="store_true", help="only check that docs/results.md is up to date")
+    args = parser.parse_args(argv)
+    try:
+        if args.what:
+            if len(args.what) != 3 or args.what[0] != "record":
+                parser.error("give `record RUN_DIR BENCHMARK`, or nothing to write the page")
+            print(f"recorded {record(Path(args.what[1]), args.what[2])}")
+            return 0
+        if args.check:
+            text, _ = page()
+            if not PAGE.is_file() or PAGE.read_text() != text:
+                print(f"results: {PAGE} is out of date: python -m rl_dqn.results", file=sys.stderr)
+                return 1
+            return 0
+        for path in write():
+            print(f"wrote {path}")
+    except ResultsError as e:
+        print(f"results: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
