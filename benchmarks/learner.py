@@ -80,7 +80,7 @@ def filled_learner(config: str, overrides: list[str], device: str, batch: int, t
     generator = torch.Generator().manual_seed(0)
     for seq in range(transitions // (T * E * cfg.num_collectors)):
         for collector in range(cfg.num_collectors):
-            learner.ingest(Chunk(collector, seq, 0,
+            learner.intake.ingest(Chunk(collector, seq, 0,
                                  torch.randint(0, 255, (T, E, 84, 84), dtype=torch.uint8, generator=generator),
                                  torch.randint(0, 6, (T, E), generator=generator), torch.randn(T, E),
                                  torch.rand(T, E, generator=generator) < 0.01,

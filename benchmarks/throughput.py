@@ -159,7 +159,7 @@ def learner_updates(cfg, seconds: float) -> float:
         learner = Learner(cfg, spec, Path(run_dir))
         T, E = 500, cfg.env.envs_per_collector
         for collector in range(cfg.num_collectors):
-            learner.ingest(Chunk(collector, 0, 0, torch.randint(0, 255, (T, E, 84, 84), dtype=torch.uint8),
+            learner.intake.ingest(Chunk(collector, 0, 0, torch.randint(0, 255, (T, E, 84, 84), dtype=torch.uint8),
                                  torch.randint(0, spec.num_actions, (T, E)), torch.zeros(T, E),
                                  torch.zeros(T, E, dtype=torch.bool), torch.zeros(T, E, dtype=torch.bool),
                                  torch.zeros(0, dtype=torch.float64), torch.zeros(0, dtype=torch.int64)))

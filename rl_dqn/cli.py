@@ -320,7 +320,7 @@ def _learner(cfg: Config, args) -> int:
     torch.set_num_threads(torch_threads(cfg))
     configure_process()
     learner = Learner(cfg, spec, folder, stop=stop, device=placement.device, launched_at=launched_at())
-    save_config(learner.used_cfg, folder / "config.yaml")
+    save_config(learner.config_as_run(), folder / "config.yaml")
     learner.report.write_run_info(sys.argv, resumed=cfg.run.resume)
     if cfg.run.resume:
         checkpoint = checkpoints.newest(folder)

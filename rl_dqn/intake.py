@@ -1,11 +1,12 @@
 """Chunks into replay: each delivery checked before it can enter, each collector's chunks put in in its send order,
-and the replay-ratio gate that decides when a chunk is answered (a collector waits for its answers)."""
+and the replay-ratio gate that decides when a chunk is answered (a collector waits for its answers). It calls
+nothing back: admit() says what happened to a delivery, release() which answers are due."""
 
 from __future__ import annotations
 
 import collections
 import math
-from typing import Callable, Iterator
+from typing import Iterator, NamedTuple
 
 import torch
 
@@ -16,14 +17,19 @@ from rl_dqn.transport import Standing
 from rl_dqn.types import Chunk
 
 
-class Intake:
-    """`standing` says whether a chunk's sender is its slot's newest process, a former one or unknown to the run;
-    `arrived` is called with each chunk once it is in replay (and `env_steps` counts it)."""
+class Admission(NamedTuple):
+    """What became of a delivery."""
+    refused: str | None      # why it cannot enter replay (None: it was taken)
+    first_of_cause: bool     # the first delivery refused for that cause (worth a line)
+    entered: list[Chunk]     # the chunks that entered replay because of it, in order: it and any held for it
 
-    def __init__(self, cfg: Config, spec: EnvSpec, replay: ReplayMemory, standing: Callable[[Chunk], Standing],
-                 arrived: Callable[[Chunk], None]):
+
+class Intake:
+    """Where each delivery goes: refused, into replay, or held until the chunks its collector sent before it have
+    arrived. `env_steps` counts the env steps in replay."""
+
+    def __init__(self, cfg: Config, spec: EnvSpec, replay: ReplayMemory):
         self.cfg, self.spec, self.replay = cfg, spec, replay
-        self._standing, self._arrived = standing, arrived
         self.env_steps = 0                               # env steps in chunks put into replay
         self.rejected: dict[str, int] = {}               # refused chunks by cause
         self.dropped_chunks = 0                          # chunks of a replaced process left behind by a gap
@@ -44,7 +50,15 @@ class Intake:
 
     # ------------------------------------------------------------------------------------------ data in
 
-    def refusal(self, chunk) -> str | None:
+    def admit(self, chunk, standing: Standing) -> Admission:
+        """Checks a delivery whose sender stands as `standing` in the run (the transport says), and puts it into
+        replay, or holds it, as ingest() does."""
+        if (cause := self.refusal(chunk, standing)) is not None:
+            self.rejected[cause] = self.rejected.get(cause, 0) + 1
+            return Admission(cause, self.rejected[cause] == 1, [])
+        return Admission(None, False, self.ingest(chunk))
+
+    def refusal(self, chunk, standing: Standing) -> str | None:
         """Why a delivery cannot enter replay (None: it can): one cause per kind of bad data. The value checks
         cost one host sync per chunk."""
         cfg, spec = self.cfg, self.spec
@@ -52,7 +66,6 @@ class Intake:
             return f"not a chunk ({type(chunk).__name__})"
         if not (isinstance(chunk.collector, int) and 0 <= chunk.collector < cfg.num_collectors):
             return "unknown sender"
-        standing = self._standing(chunk)
         if standing is Standing.UNKNOWN:
             return "unknown sender"
         # Chunks of a process that was replaced still continue its lanes until the new process's first arrives.
@@ -86,15 +99,11 @@ class Intake:
                 return cause
         return None
 
-    def count_refusal(self, cause: str) -> bool:
-        """Counts a refused delivery; True the first time its cause comes up (then it is worth a log line)."""
-        self.rejected[cause] = self.rejected.get(cause, 0) + 1
-        return self.rejected[cause] == 1
-
-    def ingest(self, chunk: Chunk) -> None:
-        """Puts a chunk into replay once every earlier chunk of its collector is in. A new process in a slot
-        starts its lanes' next episodes (its first steps start episodes), so its chunks follow on from the
-        chunks of the one it replaced; that one's chunks still held back by a gap are dropped and counted."""
+    def ingest(self, chunk: Chunk) -> list[Chunk]:
+        """Puts a checked chunk into replay once every earlier chunk of its collector is in; returns the chunks that
+        entered now (none while it waits for an earlier one). A new process in a slot starts its lanes' next
+        episodes (its first steps start episodes), so its chunks follow on from the chunks of the one it replaced;
+        that one's chunks still held back by a gap are dropped and counted."""
         i = chunk.collector
         if chunk.sender != self._lane_sender[i]:
             self._lane_sender[i] = chunk.sender
@@ -102,11 +111,13 @@ class Intake:
             self._held[i] = {}
             self._next_seq[i] = 0
         self._held[i][chunk.seq] = chunk
+        entered = []
         while (ready := self._held[i].pop(self._next_seq[i], None)) is not None:
             self._next_seq[i] += 1
             self.replay.extend(i * self.cfg.env.envs_per_collector, ready)
             self.env_steps += ready.env_steps
-            self._arrived(ready)
+            entered.append(ready)
+        return entered
 
     # ------------------------------------------------------------------------------------- replay ratio
 
@@ -120,7 +131,7 @@ class Intake:
     def wants_update(self, updates: int) -> bool:
         return self.owed_samples(updates) >= self.cfg.train.batch_size and self.replay.ready
 
-    def answers_due(self, updates: int) -> bool:
+    def _answers_due(self, updates: int) -> bool:
         """Chunks are answered unless the learner owes more than one chunk's worth of training and can train
         (below one batch it cannot, and holding answers then would stall the run)."""
         allowance = self.cfg.train.replay_ratio * self._chunk_env_steps
@@ -132,5 +143,5 @@ class Intake:
 
     def release(self, updates: int) -> Iterator:
         """The held deliveries whose answers are due now, oldest first."""
-        while self._waiting and self.answers_due(updates):
+        while self._waiting and self._answers_due(updates):
             yield self._waiting.popleft()

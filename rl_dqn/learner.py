@@ -26,9 +26,9 @@ from rl_dqn.console import StartupClock, say
 from rl_dqn.evaluate import EvalResult, Evaluator
 from rl_dqn.intake import Intake
 from rl_dqn.network import describe_precision, resolve_precision
-from rl_dqn.reporting import Counters, Report
+from rl_dqn.reporting import ChunkArrived, Counters, Report
 from rl_dqn.trainer import Trainer, Update
-from rl_dqn.transport import LEARNER_RANK, LearnerEndpoint, TransportError, place
+from rl_dqn.transport import LEARNER_RANK, LearnerEndpoint, TransportError, collector_rank, place, slot_of, worker_name
 from rl_dqn.types import Ack, Chunk
 
 __all__ = ["Learner"]
@@ -52,19 +52,16 @@ class Learner:
         # Where it trains and keeps its replay: learner.device as placed on this node (a GPU when there is one).
         self.device = torch.device(device) if device is not None else \
             place(cfg, LEARNER_RANK, torch.cuda.device_count()).device
-        # The config as this process runs it: network.precision resolved for its device (auto: bf16 where the device
-        # computes it fast). The run folder's config.yaml and TensorBoard's hyperparameters show this one.
-        precision = resolve_precision(cfg.network.precision, self.device)
-        self.used_cfg = dataclasses.replace(cfg, network=dataclasses.replace(cfg.network, precision=precision))
+        # network.precision as this process computes (auto: bf16 where its device computes it fast).
+        self.precision = resolve_precision(cfg.network.precision, self.device)
         self.startup = StartupClock(launched_at)   # where the time to the first update goes
-        self.trainer = Trainer(self.used_cfg, spec, self.device)
+        self.trainer = Trainer(cfg, spec, self.device)
         self.startup.mark(f"replay and networks on {self.device}")
-        self.report = Report(self.used_cfg, run_dir, self.device, launched_at)
-        self.intake = Intake(cfg, spec, self.trainer.replay,
-                             standing=lambda chunk: self.transport.sender_standing(chunk),
-                             arrived=lambda chunk: self.report.chunk(chunk, self.intake.env_steps,
-                                                                     self.weights_version))
+        self.report = Report(self.config_as_run(), run_dir, self.device,
+                             [worker_name(collector_rank(i)) for i in range(cfg.num_collectors)], launched_at)
+        self.intake = Intake(cfg, spec, self.trainer.replay)
         self.weights_version = 0
+        self.evaluating = cfg.eval.every_env_steps > 0   # until the evaluator fails
         self.evaluator: Evaluator | None = None
         self.next_eval = cfg.eval.every_env_steps
         self.eval_state: dict[str, torch.Tensor] | None = None   # the weights the evaluator is playing
@@ -74,6 +71,11 @@ class Learner:
         # How run() ended, for summary.json: "total_env_steps", "stop_score", "signal" or "error" (None: not run).
         self.ended: str | None = None
         self._closed = False
+
+    def config_as_run(self) -> Config:
+        """The config as this process runs it, network.precision resolved for its device: what the run folder's
+        config.yaml and TensorBoard's hyperparameters show."""
+        return dataclasses.replace(self.cfg, network=dataclasses.replace(self.cfg.network, precision=self.precision))
 
     @property
     def reached_stop_score(self) -> bool:
@@ -111,13 +113,14 @@ class Learner:
                 deliveries = transport.receive(timeout=0 if intake.wants_update(trainer.updates) else 0.05)
                 now = time.monotonic()
                 for delivery in deliveries:
-                    if (cause := intake.refusal(delivery.chunk)) is not None:
-                        if intake.count_refusal(cause):
-                            self.report.refused(getattr(delivery.chunk, "collector", "?"), cause)
+                    admission = intake.admit(delivery.chunk, transport.sender_standing(delivery.chunk))
+                    if admission.refused is not None:
+                        if admission.first_of_cause:
+                            self.report.refused(getattr(delivery.chunk, "collector", "?"), admission.refused)
                         # A sender that is not in the run learns so from the answer (the transport marks it).
                         transport.acknowledge(delivery, Ack(intake.env_steps, stop=False))
                         continue
-                    intake.ingest(delivery.chunk)
+                    self._report_chunks(admission.entered)
                     intake.hold(delivery)
                 for delivery in intake.release(trainer.updates):
                     transport.acknowledge(delivery, Ack(intake.env_steps, stop=False))
@@ -143,7 +146,7 @@ class Learner:
                 elif now - alone_since > self.cfg.cluster.join_timeout_s:
                     raise TransportError(f"no collector has been in the run for cluster.join_timeout_s="
                                          f"{self.cfg.cluster.join_timeout_s:g} s")
-                if self.cfg.eval.every_env_steps:
+                if self.evaluating:
                     self._evaluate()
                 if now - last_log >= self.cfg.metrics.interval_s:
                     last_log = now
@@ -159,15 +162,14 @@ class Learner:
         finally:
             self.close()
 
-    def ingest(self, chunk: Chunk) -> None:
-        """Puts a chunk into replay (after every earlier chunk of its collector), as the loop does."""
-        self.intake.ingest(chunk)
-
-    def wants_update(self) -> bool:
-        return self.intake.wants_update(self.trainer.updates)
-
-    def answers_due(self) -> bool:
-        return self.intake.answers_due(self.trainer.updates)
+    def _report_chunks(self, entered: list[Chunk]) -> None:
+        """The chunks that just entered replay, each counted at the env steps it brought the run to."""
+        env_steps = self.intake.env_steps - sum(chunk.env_steps for chunk in entered)
+        for c in entered:
+            env_steps += c.env_steps
+            self.report.chunk(ChunkArrived(c.collector, c.sender, c.env_steps, c.nbytes, str(c.frames.device),
+                                           c.weights_version, c.episode_returns.tolist(), c.episode_lengths.tolist(),
+                                           c.system), env_steps, self.weights_version)
 
     def step(self) -> Update:
         """One update, timed and reported."""
@@ -177,7 +179,8 @@ class Learner:
         if captured and not self.trainer.static:
             say("learner", f"warning: learner.cuda_graph: the update could not be captured as a CUDA graph "
                            f"({self.trainer.capture_error}); it runs eagerly")
-        self.report.updated(update, time.perf_counter() - started, self.intake.env_steps, self.trainer.updates)
+        self.report.updated(time.perf_counter() - started, self.intake.env_steps, self.trainer.updates, update.q,
+                            update.targets)
         return update
 
     def _train_one(self) -> None:
@@ -203,7 +206,7 @@ class Learner:
             except queue.Empty:
                 break
             changed = True
-            self.report.membership(change)
+            self.report.membership(change.what.value, change.name, slot_of(change.name), change.detail)
         if changed:
             self.report.collectors_alive(len(self.transport.alive), self.intake.env_steps)
 
@@ -229,14 +232,14 @@ class Learner:
                 self.next_eval = env_steps + self.cfg.eval.every_env_steps
         except RuntimeError as e:
             say("learner", f"evaluation stopped, training goes on: {e}")
-            self.cfg = dataclasses.replace(self.cfg, eval=dataclasses.replace(self.cfg.eval, every_env_steps=0))
+            self.evaluating = False
             self.close_evaluator()
 
     def _evaluated(self, result: EvalResult) -> None:
         """checkpoints/best.pt: the network that scored best in the run's evaluations so far (the weights that
         round played, not the newer ones trained since), with its score. DQN's score can fall again after a peak,
         so this is the one to keep (`./launch/play.sh runs/<name> --best`); it holds no optimizer state."""
-        mean, std, best = self.report.evaluated(result)
+        mean, std, best = self.report.evaluated(**result._asdict())
         if best and self.eval_state is not None:
             checkpoints.save_best(self.run_dir, {
                 "network": self.eval_state,

@@ -1,4 +1,5 @@
-"""What the learner tells people: TensorBoard, the console lines and summary.json, on the run's clock."""
+"""What the learner tells people: TensorBoard, the console lines and summary.json, on the run's clock. It takes plain
+records of what happened (ChunkArrived, numbers, names) and knows nothing of the parts that report them."""
 
 from __future__ import annotations
 
@@ -10,16 +11,11 @@ from typing import NamedTuple
 
 import torch
 
-from rl_dqn import checkpoints
+from rl_dqn import checkpoints, system
 from rl_dqn.config import Config
 from rl_dqn.console import duration, progress, say
-from rl_dqn.evaluate import EvalResult
 from rl_dqn.metrics import Board, RateMeter
-from rl_dqn import system
 from rl_dqn.system import SystemMeter
-from rl_dqn.trainer import Update
-from rl_dqn.transport import Change, Membership, collector_rank, slot_of, worker_name
-from rl_dqn.types import Chunk
 
 
 class Counters(NamedTuple):
@@ -32,6 +28,19 @@ class Counters(NamedTuple):
     dropped_chunks: int
     alive: int | None             # collectors in the run (None: no transport yet)
     lost: dict[str, str]          # collectors lost, with why
+
+
+class ChunkArrived(NamedTuple):
+    """A chunk that entered replay, as the report counts it."""
+    collector: int                   # its slot
+    sender: int                      # the process that sent it
+    env_steps: int
+    nbytes: int
+    device: str                      # where its tensors arrived
+    weights_version: int             # of the weights it was collected with
+    episode_returns: list[float]     # raw scores of the episodes that ended in it
+    episode_lengths: list[int]
+    system: tuple[float, ...]        # its collector's newest (CPU %, memory MB, GPU memory MB), or ()
 
 
 class _CollectorStats:
@@ -49,8 +58,10 @@ class Report:
     """The run's clock counts from the launch (`launched_at`, time.time() when the command started), or from now;
     a resumed run's goes on from its checkpoint's time (resume_at())."""
 
-    def __init__(self, cfg: Config, run_dir: Path, device: torch.device, launched_at: float | None = None):
+    def __init__(self, cfg: Config, run_dir: Path, device: torch.device, collectors: list[str],
+                 launched_at: float | None = None):
         self.cfg, self.run_dir = cfg, run_dir
+        self.collector_names = collectors   # each slot's name, e.g. collector0
         self.board = Board(run_dir, cfg)
         self.started = time.monotonic() - (0.0 if launched_at is None else max(time.time() - launched_at, 0.0))
         self.best_eval: float | None = None
@@ -93,8 +104,8 @@ class Report:
 
     # ------------------------------------------------------------------------------------------- events
 
-    def chunk(self, chunk: Chunk, env_steps: int, weights_version: int) -> None:
-        """A chunk entered replay; `env_steps` counts it."""
+    def chunk(self, chunk: ChunkArrived, env_steps: int, weights_version: int) -> None:
+        """A chunk entered replay; `env_steps` counts it; the learner's weights are at `weights_version`."""
         now = time.monotonic()
         if self._first_data is None:   # rates count from the first chunk's end (a resumed run's too)
             self._first_data = (now, env_steps)
@@ -104,7 +115,7 @@ class Report:
         if chunk.sender != self._sender[chunk.collector]:
             self._sender[chunk.collector] = chunk.sender
             stats.senders += 1
-        stats.chunk_device = str(chunk.frames.device)
+        stats.chunk_device = chunk.device
         stats.chunks += 1
         stats.env_steps += chunk.env_steps
         stats.episodes += len(chunk.episode_returns)
@@ -114,7 +125,7 @@ class Report:
         stats.system = chunk.system or stats.system
         self._staleness_sum += weights_version - chunk.weights_version
         self._staleness_count += 1
-        for score, length in zip(chunk.episode_returns.tolist(), chunk.episode_lengths.tolist()):
+        for score, length in zip(chunk.episode_returns, chunk.episode_lengths):
             self._returns.append(score)
             self.board.scalar("collector/episode_return", score, env_steps)
             self.board.scalar("collector/episode_length", length, env_steps)
@@ -123,58 +134,60 @@ class Report:
         say("learner", f"refused a chunk from collector {collector}: {cause} (counted in transport/rejected_chunks; "
                        f"logged once per cause)")
 
-    def updated(self, update: Update, seconds: float, env_steps: int, updates: int) -> None:
-        """Update number `updates`, which took `seconds`; the first one starts the training clock."""
+    def updated(self, seconds: float, env_steps: int, updates: int, q: torch.Tensor, targets: torch.Tensor) -> None:
+        """Update number `updates`, which took `seconds`, with its batch's Q(s, a) and TD targets (read only for a
+        histogram); the first one starts the training clock."""
         if self._training_start is None:
             self._training_start = (time.monotonic() - seconds, env_steps, updates - 1)
         self._update_meter.add(1)
         self._training_meter.add(seconds)
         every = self.cfg.metrics.histogram_every_updates
         if every and updates % every == 0:
-            self.board.histogram("learner/q_values", update.q, env_steps)
-            self.board.histogram("learner/td_errors", update.q - update.targets, env_steps)
+            self.board.histogram("learner/q_values", q, env_steps)
+            self.board.histogram("learner/td_errors", q - targets, env_steps)
 
-    def membership(self, change: Change) -> None:
-        """One line per collector that joins, leaves or is lost."""
-        what, name, detail = change
-        if what is Membership.JOINED:
-            self._collectors[slot_of(name)].processes += 1
-        say("learner", {Membership.JOINED: f"{name} joined ({detail})", Membership.LEFT: f"{name} left",
-                        Membership.LOST: f"{name} lost: {detail}; training goes on, its slot is open for a new "
-                                         f"process"}[what])
+    def membership(self, what: str, name: str, slot: int, detail: str) -> None:
+        """One line per collector that `what` ("joined", "left" or "lost") in `slot`."""
+        if what == "joined":
+            self._collectors[slot].processes += 1
+        say("learner", {"joined": f"{name} joined ({detail})", "left": f"{name} left",
+                        "lost": f"{name} lost: {detail}; training goes on, its slot is open for a new process"}[what])
 
     def collectors_alive(self, alive: int, env_steps: int) -> None:
         self.board.scalar("cluster/collectors_alive", alive, env_steps)
 
-    def evaluated(self, result: EvalResult) -> tuple[float, float, bool]:
-        """Logs an evaluation round; returns its mean and std score, and whether it is the run's best so far."""
-        scores = torch.tensor(result.scores, dtype=torch.float64)
-        mean, std = scores.mean().item(), scores.std(unbiased=False).item()
+    def evaluated(self, env_steps: int, elapsed_s: float, weights_version: int, scores: list[float],
+                  video: bytes | None, round_s: float, round_cpu_s: float) -> tuple[float, float, bool]:
+        """Logs an evaluation round: the scores of weights version `weights_version`, taken at `env_steps` and
+        `elapsed_s` on the run's clock, the round's play (wall and CPU seconds) and its video. Returns its mean and
+        std score, and whether it is the run's best so far."""
+        values = torch.tensor(scores, dtype=torch.float64)
+        mean, std = values.mean().item(), values.std(unbiased=False).item()
         best = self.best_eval is None or mean > self.best_eval
         if best:
             self.best_eval = mean
-        self.last_eval = (mean, std, result.env_steps)
-        self.board.scalar("eval/episode_return", mean, result.env_steps)
-        self.board.scalar("eval/episode_return_std", std, result.env_steps)
-        self.board.scalar("eval/best_episode_return", self.best_eval, result.env_steps)
+        self.last_eval = (mean, std, env_steps)
+        self.board.scalar("eval/episode_return", mean, env_steps)
+        self.board.scalar("eval/episode_return_std", std, env_steps)
+        self.board.scalar("eval/best_episode_return", self.best_eval, env_steps)
         # When the score was known, on the run's clock (from launch, the round's play included): against env
         # steps, and as the x of score against wall time (its own chart).
         known_s = self.elapsed()
         self._eval_rounds += 1
-        self._eval_round_s += result.round_s
-        self._eval_cpu_s += result.round_cpu_s
-        self.board.scalar("eval/time_from_launch_s", known_s, result.env_steps)
+        self._eval_round_s += round_s
+        self._eval_cpu_s += round_cpu_s
+        self.board.scalar("eval/time_from_launch_s", known_s, env_steps)
         self.board.scalar("eval/episode_return_vs_seconds", mean, int(known_s))
-        self.board.scalar("eval/round_s", result.round_s, result.env_steps)
-        self.board.scalar("eval/round_cpu_s", result.round_cpu_s, result.env_steps)
-        self.board.scalar("eval/episodes", len(result.scores), result.env_steps)
-        if result.video is not None:
-            self.board.gif("eval/video", result.video, 210, 160, result.env_steps)
-        say("learner", f"eval at {result.env_steps:,} env steps (weights v{result.weights_version} of "
-                       f"{duration(result.elapsed_s)}, scored by {duration(known_s)} in {result.round_s:.0f} s): "
-                       f"{mean:.2f} +- {std:.2f} over {len(result.scores)} episodes"
+        self.board.scalar("eval/round_s", round_s, env_steps)
+        self.board.scalar("eval/round_cpu_s", round_cpu_s, env_steps)
+        self.board.scalar("eval/episodes", len(scores), env_steps)
+        if video is not None:
+            self.board.gif("eval/video", video, 210, 160, env_steps)
+        say("learner", f"eval at {env_steps:,} env steps (weights v{weights_version} of "
+                       f"{duration(elapsed_s)}, scored by {duration(known_s)} in {round_s:.0f} s): "
+                       f"{mean:.2f} +- {std:.2f} over {len(scores)} episodes"
                        + (f" (below eval.screen_score {self.cfg.eval.screen_score:g}: the round stops there)"
-                          if len(result.scores) < self.cfg.eval.episodes else ""))
+                          if len(scores) < self.cfg.eval.episodes else ""))
         return mean, std, best
 
     def finish(self) -> None:
@@ -279,7 +292,7 @@ class Report:
             "weights_version": counters.weights_version, "wall_s": now - self.started,
             "replay_size": counters.replay_size, "env_steps_per_s": None, "env_steps_per_s_training": None,
             "recent_returns": list(self._returns), "best_eval_return": self.best_eval,
-            "collectors": {worker_name(collector_rank(i)): vars(s) for i, s in enumerate(self._collectors)},
+            "collectors": {name: vars(s) for name, s in zip(self.collector_names, self._collectors)},
             "lost_collectors": dict(counters.lost),
             "rejected_chunks": dict(counters.rejected), "dropped_chunks": counters.dropped_chunks,
             # Where this process's time went, in seconds on the run's clock: start-up until the first chunk and the

@@ -88,11 +88,10 @@ def test_a_collector_steps_sends_chunks_and_adopts_weights_and_the_runs_schedule
         expected = 1.0 + (cfg.collectors.epsilon_end - 1.0) * 0.5
         assert torch.allclose(collector.epsilons, torch.full((4,), expected))
         # A learner of the same config takes both chunks as they are.
-        intake = Intake(cfg, spec, Trainer(cfg, spec, torch.device("cpu")).replay,
-                        standing=lambda chunk: Standing.NEWEST, arrived=lambda chunk: None)
+        intake = Intake(cfg, spec, Trainer(cfg, spec, torch.device("cpu")).replay)
         for chunk in endpoint.sent:
-            assert intake.refusal(chunk._replace(sender=0)) is None
-            intake.ingest(chunk._replace(sender=0))
+            admission = intake.admit(chunk._replace(sender=0), Standing.NEWEST)
+            assert admission.refused is None and len(admission.entered) == 1
         assert intake.env_steps == 2 * T * 4
     finally:
         env.close()

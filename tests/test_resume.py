@@ -91,7 +91,7 @@ def test_a_run_that_ended_at_its_stop_score_has_nothing_to_do_unless_the_score_r
 
 def test_a_checkpoint_written_after_a_stop_score_ending_holds_it_and_older_ones_still_load(tmp_path):
     learner = make_learner(tmp_path, "eval.stop_score=475")
-    learner.ingest(chain_chunk(0, 0, episodes=30))
+    learner.intake.ingest(chain_chunk(0, 0, episodes=30))
     learner._evaluated(EvalResult(180, 2.0, 0, [470.0, 490.0], None, 0.1, 0.1))
     assert learner.reached_stop_score
     path = learner.save_checkpoint()
@@ -157,7 +157,7 @@ def test_the_summary_says_how_the_run_ended(tmp_path, ended):
     learner = make_learner(tmp_path, "eval.every_env_steps=0", "cluster.join_timeout_s=0.2",
                            "train.total_env_steps=180" if ended == "total_env_steps" else "train.total_env_steps=1000")
     for seq in range(3):
-        learner.ingest(chain_chunk(0, seq, episodes=10))   # 180 env steps
+        learner.intake.ingest(chain_chunk(0, seq, episodes=10))   # 180 env steps
     if ended == "stop_score":
         learner._evaluated(EvalResult(180, 2.0, 0, [480.0], None, 0.1, 0.1))
     elif ended == "signal":

@@ -33,7 +33,7 @@ learner = Learner(cfg, EnvSpec((4, 84, 84), torch.uint8, 6), Path(tempfile.mkdte
 T, E = cfg.collectors.chunk_steps, cfg.env.envs_per_collector
 for seq in range(4):
     for collector in range(cfg.num_collectors):
-        learner.ingest(Chunk(collector, seq, 0, torch.randint(0, 255, (T, E, 84, 84), dtype=torch.uint8),
+        learner.intake.ingest(Chunk(collector, seq, 0, torch.randint(0, 255, (T, E, 84, 84), dtype=torch.uint8),
                              torch.randint(0, 6, (T, E)), torch.zeros(T, E), torch.zeros(T, E, dtype=torch.bool),
                              torch.zeros(T, E, dtype=torch.bool), torch.zeros(0, dtype=torch.float64),
                              torch.zeros(0, dtype=torch.int64)))

@@ -1,16 +1,20 @@
-"""The trainer's update in its two forms: eager, and on static buffers (what a CUDA graph captures and replays on a
-GPU). Both must compute the same losses, gradients, priorities and weights from the same replay."""
+"""The trainer: updates that learn a known answer (the two-step chain), its schedules (beta, learning rate, n-step),
+the target network, preparing batches beside training, and its update in its two forms, eager and on static buffers
+(what a CUDA graph captures and replays on a GPU), which must compute the same losses, gradients, priorities and
+weights from the same replay."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
+from chain import S0, S1, chain_chunk, make_learner
 
 from envs import EnvSpec
 from rl_dqn.config import load_config
-from rl_dqn.trainer import Trainer
+from rl_dqn.trainer import Trainer, torch_threads
 from rl_dqn.types import Chunk
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -135,3 +139,130 @@ def test_an_update_that_cannot_be_captured_runs_eagerly_and_says_why():
     assert not trainer.static and trainer.capture_error, trainer.capture_error
     assert trainer.updates == 4 and all(torch.isfinite(torch.tensor(losses)).flatten())
     assert all(isinstance(g["lr"], float) for g in trainer.optimizer.param_groups)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_updates_learn_the_chain_values(tmp_path, device):
+    learner = make_learner(tmp_path, f"learner.device={device}")
+    assert next(learner.trainer.network.parameters()).device.type == device
+    for seq in range(4):
+        learner.intake.ingest(chain_chunk(seq % 2, seq // 2, episodes=10))
+    for _ in range(600):
+        learner.step()
+    assert learner.trainer.weights(0).state["head.weight"].device.type == device   # the transport stages it if need be
+    with torch.no_grad():
+        q = learner.trainer.network(torch.tensor([[S0], [S1]], device=device)).cpu()
+    assert q[1].tolist() == pytest.approx([1.0, 1.0], abs=0.05)
+    assert q[0].tolist() == pytest.approx([0.9, 0.9], abs=0.05)     # gamma x Q(s1): it bootstraps
+    assert learner.trainer.updates == 600
+
+
+def test_nature_dqn_targets_learn_the_chain_values_with_or_without_overlap(tmp_path, monkeypatch):
+    """train.double=false: the target network's greedy value bootstraps s0 (one-step returns, so it does), the
+    online network never evaluates s', and preparing batches beside training changes no update there either."""
+    def no_online_pass(*args):
+        raise AssertionError("the online network evaluated s' for a Nature DQN target")
+    monkeypatch.setattr(Trainer, "_online_values", no_online_pass)
+    learners = [make_learner(tmp_path / flag, "train.double=false", "train.n_step=1", f"learner.overlap={flag}")
+                for flag in ("true", "false")]
+    for learner in learners:
+        for seq in range(4):
+            learner.intake.ingest(chain_chunk(seq % 2, seq // 2, episodes=10))
+        for _ in range(600):
+            learner.step()
+    overlapped, plain = learners
+    assert all(torch.equal(x, y) for x, y in zip(overlapped.trainer.network.parameters(),
+                                                  plain.trainer.network.parameters()))
+    with torch.no_grad():
+        q = overlapped.trainer.network(torch.tensor([[S0], [S1]]))
+    assert q[1].tolist() == pytest.approx([1.0, 1.0], abs=0.05)
+    assert q[0].tolist() == pytest.approx([0.9, 0.9], abs=0.05)
+
+
+def test_target_network_follows_every_target_update_updates(tmp_path):
+    learner = make_learner(tmp_path)
+    learner.intake.ingest(chain_chunk(0, 0, episodes=30))
+    for _ in range(19):
+        learner.step()
+    online, target = learner.trainer.network.state_dict(), learner.trainer.target.state_dict()
+    assert any(not torch.equal(online[k], target[k]) for k in online)
+    learner.step()
+    assert all(torch.equal(online[k], learner.trainer.target.state_dict()[k]) for k in online)
+
+
+@pytest.mark.parametrize("overrides, beta", [
+    (["train.total_env_steps=288"], 0.4 + 0.6 * (120 - 64) / (288 - 64)),        # 1 at the end of the run
+    (["train.total_env_steps=288", "train.priority_beta_env_steps=176"], 0.4 + 0.6 * (120 - 64) / (176 - 64)),
+])
+def test_prioritized_replay_anneals_beta_to_one_at_priority_beta_env_steps(tmp_path, monkeypatch, overrides, beta):
+    learner = make_learner(tmp_path, "train.priority_beta=0.4", *overrides)
+    drawn, sample = [], learner.trainer.replay.sample
+    monkeypatch.setattr(learner.trainer.replay, "sample",
+                        lambda n, gen, b, *rest: drawn.append(b) or sample(n, gen, b, *rest))
+    learner.intake.ingest(chain_chunk(0, 0, episodes=10))
+    learner.intake.ingest(chain_chunk(1, 0, episodes=10))     # 120 env steps, 56 past train.learning_starts
+    learner.step()
+    assert drawn and drawn == pytest.approx([beta] * len(drawn))
+
+
+@pytest.mark.parametrize("overrides, lr", [
+    ([], 0.001),                                                                  # no lr_end: train.lr throughout
+    (["train.lr_end=0.0001", "train.lr_decay_start_env_steps=100", "train.lr_decay_end_env_steps=200"],
+     0.001 + (120 - 100) / (200 - 100) * (0.0001 - 0.001)),
+    (["train.lr_end=0.0001", "train.lr_decay_start_env_steps=20", "train.lr_decay_end_env_steps=100"], 0.0001),
+])
+def test_the_optimizer_steps_at_the_learning_rate_of_its_schedule(tmp_path, overrides, lr):
+    learner = make_learner(tmp_path, *overrides)
+    learner.intake.ingest(chain_chunk(0, 0, episodes=10))
+    learner.intake.ingest(chain_chunk(1, 0, episodes=10))     # 120 env steps
+    learner.step()
+    assert learner.trainer.updates >= 1
+    assert [g["lr"] for g in learner.trainer.optimizer.param_groups] == pytest.approx([lr])
+
+
+@pytest.mark.parametrize("overrides, n_step", [
+    ([], 5),                                                                      # no n_step_end: train.n_step
+    (["train.n_step_end=1", "train.n_step_decay_start_env_steps=100", "train.n_step_decay_end_env_steps=200"],
+     4),                                                                          # 5 - (120 - 100) / 100 * 4, rounded
+    (["train.n_step_end=2", "train.n_step_decay_start_env_steps=20", "train.n_step_decay_end_env_steps=100"], 2),
+])
+def test_batches_sum_the_rewards_of_the_n_step_schedule(tmp_path, monkeypatch, overrides, n_step):
+    learner = make_learner(tmp_path, "train.n_step=5", *overrides)
+    drawn, sample = [], learner.trainer.replay.sample
+    monkeypatch.setattr(learner.trainer.replay, "sample", lambda n, gen, b, m: drawn.append(m) or sample(n, gen, b, m))
+    learner.intake.ingest(chain_chunk(0, 0, episodes=10))
+    learner.intake.ingest(chain_chunk(1, 0, episodes=10))     # 120 env steps
+    learner.step()
+    assert drawn and drawn == [n_step] * len(drawn)
+
+
+def test_preparing_the_next_batch_beside_training_changes_no_update(tmp_path):
+    """learner.overlap draws the same batches from the same generator and computes the same targets as one thread
+    does: across target refreshes (every 20 updates here), with prioritized replay whose priorities from each
+    batch are written before the next batch is drawn. One-step targets, so that s0's bootstrap from s1 comes from
+    the target network (3-step returns of this chain all end at the terminal step)."""
+    learners = [make_learner(tmp_path / flag, f"learner.overlap={flag}", "train.n_step=1")
+                for flag in ("true", "false")]
+    for learner in learners:
+        learner.intake.ingest(chain_chunk(0, 0, episodes=30))
+        for _ in range(45):
+            learner.step()
+    overlapped, plain = learners
+    assert overlapped.cfg.train.prioritized
+    assert overlapped.trainer._helper is not None and plain.trainer._helper is None
+    for a, b in ((overlapped.trainer.network, plain.trainer.network),
+                 (overlapped.trainer.target, plain.trainer.target)):
+        assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+    assert torch.equal(overlapped.trainer.replay.tree.levels[0], plain.trainer.replay.tree.levels[0])
+    fresh = make_learner(tmp_path / "new")
+    assert not torch.equal(overlapped.trainer.network.head.weight, fresh.trainer.network.head.weight)
+
+
+def test_the_learner_shares_the_cores_out_among_its_compute_threads(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    cfg = load_config(ROOT / "configs/cartpole.yaml", ["run.name=t"])
+    assert cfg.learner.overlap and torch_threads(cfg) == 8
+    assert torch_threads(load_config(ROOT / "configs/cartpole.yaml", ["run.name=t", "learner.overlap=false"])) == 16
+    assert torch_threads(load_config(ROOT / "configs/cartpole.yaml", ["run.name=t", "learner.torch_threads=3"])) == 3
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    assert torch_threads(cfg) == 1

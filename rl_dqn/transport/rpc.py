@@ -338,7 +338,10 @@ class LearnerTransport:
         threading.Thread(target=self.registry.forget, args=(name,), name="forget", daemon=True).start()
 
     def sender_standing(self, chunk: Chunk) -> Standing:
-        """Where the process that sent a chunk stands in the run (see Standing)."""
+        """Where the process that sent a chunk stands in the run (see Standing): UNKNOWN for anything that does not
+        name a slot and a process."""
+        if not (isinstance(chunk, Chunk) and isinstance(chunk.collector, int) and isinstance(chunk.sender, int)):
+            return Standing.UNKNOWN
         if self.registry.is_current(chunk.collector, chunk.sender):
             return Standing.NEWEST
         return Standing.FORMER if chunk.sender in self.registry.admitted else Standing.UNKNOWN
@@ -515,7 +518,8 @@ class CollectorTransport:
             # out the store timeout: from here on the learner is known to be running.
             stage.append("the learner admitted this process, but joining its RPC group did not finish: a device "
                          "map that does not fit the learner's GPUs stalls it (check transport.device_map on both "
-                         "nodes), or TensorPipe's ports between the nodes are blocked (README: Troubleshooting)")
+                         "nodes), or TensorPipe's ports between the nodes are blocked (docs/operations.md, "
+                         "Troubleshooting)")
             rpc.init_rpc(name, rank=admission.rpc_id, rpc_backend_options=_options(cfg, placement, host, port))
             return admission, rpc.rpc_sync(worker_name(LEARNER_RANK), _hello, args=(index, admission.rpc_id),
                                            timeout=cfg.transport.rpc_timeout_s)

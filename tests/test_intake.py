@@ -1,0 +1,87 @@
+"""Chunks into replay: each collector's send order, the checks a delivery passes before it can enter, and the replay
+ratio's gate on answers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from chain import chain_chunk, make_learner
+
+from rl_dqn.transport import Standing
+
+
+def test_chunks_enter_replay_in_each_collectors_order(tmp_path):
+    learner = make_learner(tmp_path)
+    later, earlier = chain_chunk(1, seq=1, episodes=10), chain_chunk(1, seq=0, episodes=10)
+    earlier.frames[:, :, 3] = 7.0      # mark the first chunk's frames
+    learner.intake.ingest(later)
+    assert learner.intake.env_steps == 0 and len(learner.trainer.replay) == 0      # held until seq 0 arrives
+    learner.intake.ingest(earlier)
+    assert learner.intake.env_steps == 120
+    lanes = learner.trainer.replay.frames[2:4]                               # collector 1 owns lanes 2 and 3
+    assert (lanes[:, :30, 3] == 7.0).all() and (lanes[:, 30:60, 3] == 0.0).all()
+    assert learner.trainer.replay.written.tolist() == [0, 0, 60, 60]
+
+
+def test_replay_ratio_is_held(tmp_path):
+    learner = make_learner(tmp_path, "train.replay_ratio=2")
+    learner.intake.ingest(chain_chunk(0, 0, episodes=10))                   # 60 env steps: before learning_starts
+    assert not learner.intake.wants_update(learner.trainer.updates)
+    for seq in (1, 2, 3):
+        learner.intake.ingest(chain_chunk(0, seq, episodes=10))             # 240 env steps in all
+    while learner.intake.wants_update(learner.trainer.updates):
+        learner.step()
+    assert learner.trainer.updates == 2 * (240 - 64) // 32                   # gradient samples = ratio x env steps
+
+
+@pytest.mark.parametrize("ratio", [0.01, 0.05, 0.5, 2, 8, 64])
+def test_the_replay_ratio_gate_holds_collectors_back_without_stalling_them(tmp_path, ratio):
+    """Driven as the learner's loop drives it, with two collectors that each stop sending at
+    collectors.max_chunks_in_flight unanswered chunks: every chunk gets sent and answered (no stall), the training
+    owed never runs more than the chunks in flight ahead of the updates, and at the end the updates are exactly the
+    replay ratio's."""
+    learner = make_learner(tmp_path, f"train.replay_ratio={ratio}")
+    intake, limit, chunks = learner.intake, learner.cfg.collectors.max_chunks_in_flight, 20
+    sent, unanswered = [0, 0], [0, 0]
+    chunk_samples = ratio * 60                                       # a chunk is 30 steps x 2 envs
+    while True:
+        moved = False
+        for collector in (0, 1):
+            if unanswered[collector] < limit and sent[collector] < chunks:
+                learner.intake.ingest(chain_chunk(collector, sent[collector], episodes=10))
+                intake.hold(collector)
+                sent[collector] += 1
+                unanswered[collector] += 1
+                moved = True
+        for collector in intake.release(learner.trainer.updates):
+            unanswered[collector] -= 1
+            moved = True
+        if learner.intake.wants_update(learner.trainer.updates):
+            learner.step()
+            moved = True
+        owed = intake.owed_samples(learner.trainer.updates)
+        assert owed <= chunk_samples * (1 + 2 * limit) + 32, (ratio, intake.env_steps, learner.trainer.updates)
+        if not moved:
+            break
+    assert sent == [chunks, chunks] and unanswered == [0, 0]
+    assert learner.trainer.updates == int(ratio * (2 * chunks * 60 - 64) // 32)
+
+
+def test_admit_says_what_became_of_each_delivery_and_counts_each_refusal(tmp_path):
+    """Refused (with its cause, the first of each cause marked), held for an earlier chunk, or entered with the
+    chunks held for it; a sender the run does not know, or one that was replaced, is refused."""
+    intake = make_learner(tmp_path).intake
+    later, earlier = chain_chunk(0, seq=1, episodes=10), chain_chunk(0, seq=0, episodes=10)
+    assert intake.admit(later, Standing.NEWEST) == (None, False, [])                      # held for seq 0
+    assert intake.admit(earlier, Standing.NEWEST).entered == [earlier, later]
+    bad = chain_chunk(1, seq=0, episodes=10)._replace(rewards=torch.full((30, 2), float("nan")))
+    assert intake.admit(bad, Standing.NEWEST) == ("non-finite reward", True, [])
+    assert intake.admit(bad, Standing.NEWEST) == ("non-finite reward", False, [])
+    assert intake.admit(chain_chunk(1, seq=0, episodes=10), Standing.UNKNOWN).refused == "unknown sender"
+    assert intake.admit("hello", Standing.UNKNOWN).refused == "not a chunk (str)"
+    assert intake.admit(earlier, Standing.NEWEST).refused == "a chunk sent twice"
+    assert intake.admit(chain_chunk(1, seq=0, episodes=10)._replace(sender=9), Standing.FORMER).refused == \
+        "from a collector process that was replaced"
+    assert intake.rejected == {"non-finite reward": 2, "unknown sender": 1, "not a chunk (str)": 1,
+                               "a chunk sent twice": 1, "from a collector process that was replaced": 1}
+    assert intake.env_steps == 120
