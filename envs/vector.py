@@ -119,8 +119,8 @@ def make_vector_env(cfg: EnvConfig, num_envs: int, seed: int, screen: bool = Fal
 
 
 class AtariVector(VectorEnv):
-    """ale-py's threaded C++ vector env (faster here than gymnasium's vector API over AtariPreprocessing: see
-    the README's benchmarks), with the DQN preprocessing of Mnih et al. 2015 / Machado et al. 2018: up to
+    """ale-py's threaded C++ vector env (faster than gymnasium's vector API over AtariPreprocessing: see
+    docs/benchmarks.md, Throughput), with the DQN preprocessing of Mnih et al. 2015 / Machado et al. 2018: up to
     `noop_max` no-ops at reset, `frame_skip` with max-pooling of the last two frames, 84x84 grayscale,
     `frame_stack` frames zero-padded at an episode's start, FIRE at reset where the game needs it, sticky actions.
 

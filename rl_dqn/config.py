@@ -107,7 +107,7 @@ class NetworkConfig:
     torso: Literal["nature", "nips"] = "nature"
     """the CNN for image observations: `nature` (Mnih et al. 2015: conv 32 8x8 stride 4, conv 64 4x4/2, conv 64
     3x3/1, fully connected 512) or `nips` (Mnih et al. 2013: conv 16 8x8/4, conv 32 4x4/2, fully connected 256;
-    about a third of the multiply-adds, 2.4-2.9x the samples/s of a CPU learner)"""
+    about a third of the multiply-adds per sample)"""
     mlp_hidden: tuple[int, ...] = (256, 256)
     """hidden layer widths of the Q-network for vector observations (image observations use network.torso)"""
     dueling: bool = False
@@ -120,13 +120,12 @@ class NetworkConfig:
     """what is taken off uint8 frames after scaling them to [0, 1] on their way into the network: `none`; `half`, 0.5
     (frames in [-0.5, 0.5]); `background`, each observation's background, the most common pixel value of its newest
     frame (counted on every 4th pixel each way), so that the background enters as 0 in any game. Most of an Atari
-    screen is one flat background (Pong: 83% of its pixels one grey, 0.34; Breakout: 62% black), and a background
-    far from 0 gives every first-layer filter a large input of one sign everywhere: in `configs/pong_cpu.yaml`'s
-    runs with frames in [0, 1], 10-12 of the NIPS torso's 16 first-layer filters were below zero on every screen
-    after 2,000 updates (a ReLU passes such a filter no gradient, so it stays dead), none were left in the runs that
-    never learned, and with `half` all 16 lived and Adam's rate could double; on Breakout `half` puts the black
-    background at -0.5 and the second layer lost 13-15 of its 32 filters (docs/pong_cpu.md). A checkpoint's network
-    is read back with its own run's setting"""
+    screen is one flat background (Pong's grey, Breakout's black), and a background far from 0 gives every
+    first-layer filter a large input of one sign everywhere: a filter pushed below zero there is below zero on every
+    screen, and a ReLU passes it no gradient, so it stays dead. In `configs/pong_cpu.yaml`'s runs with frames in
+    [0, 1] most first-layer filters died, and with `half` they lived and Adam's rate could double; on Breakout `half`
+    puts the black background at -0.5, and the second layer lost filters instead (docs/tried.md). A checkpoint's
+    network is read back with its own run's setting"""
     norm: Literal["none", "layer"] = "none"
     """`layer`: each hidden fully connected layer's outputs (the head's hidden layer after a CNN torso, every layer of
     network.mlp_hidden) are normalized by LayerNorm, with a learned gain and bias, before their ReLU, as PQN's
@@ -339,8 +338,8 @@ class TransportConfig:
     a name such as `learner` or `collector3`) or DI-engine's `<peer rank>_<local gpu>_<peer gpu>,...`; the maps
     not given are derived (see docs/cluster.md, Transport)"""
     tensorpipe_transports: tuple[str, ...] = ("uv",)
-    """TensorPipe transports, in order of preference: uv (TCP; idles at 0% CPU), shm (same-host shared memory;
-    busy-polls a core per process), ibv (InfiniBand)"""
+    """TensorPipe transports, in order of preference: uv (TCP; idle when there is nothing to send), shm
+    (same-host shared memory; busy-polls a core per process), ibv (InfiniBand)"""
     tensorpipe_channels: tuple[str, ...] = ("cma", "mpt_uv", "basic", "cuda_xth", "cuda_ipc", "cuda_basic")
     """TensorPipe channels that move tensors, in order of preference (per tensor, the first that both ends can use):
     for host memory cma (between processes of one host), mpt_uv (TCP over several connections), basic (over the
@@ -608,7 +607,7 @@ def from_dict(raw: dict[str, Any]) -> Config:
             raise ConfigError(section, f"must be a mapping of keys, got {values!r}")
         cls = SECTIONS[section]
         hints = typing.get_type_hints(cls)
-        if section == "network" and "centered_frames" in values:   # its name in the configs of 2026-11-27
+        if section == "network" and "centered_frames" in values:   # frame_offset's earlier name, in older configs
             values = {k: v for k, v in values.items() if k != "centered_frames"} | {
                 "frame_offset": "half" if _convert("network.centered_frames", values["centered_frames"], bool)
                 else "none"}

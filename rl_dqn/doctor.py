@@ -1,7 +1,7 @@
 """What this machine is to rl_dqn, in a few seconds, and whether a config can run here as written:
 
     ./launch/doctor.sh [CONFIG] [section.key=value ...]          (python -m rl_dqn.doctor ...)
-    ./launch/doctor.sh --gpu [CONFIG]                             the GPU acceptance run, about 10 minutes
+    ./launch/doctor.sh --gpu [CONFIG]                             the GPU acceptance run (docs/gpu.md)
     ./launch/doctor.sh --gpu --quick [CONFIG]                     a GPU node's figures, at most 9 minutes
 
 Prints the versions, the CPU's cores and the instruction sets that decide network.precision, the GPUs, the TensorPipe
@@ -210,7 +210,7 @@ class Outcome(NamedTuple):
 
 
 def gpu_steps(config: str, overrides: list[str], name: str) -> list[Step]:
-    """What the acceptance run runs, in order: about 10 minutes on one GPU."""
+    """What the acceptance run runs, in order, each within its time limit."""
     python = sys.executable
     return [
         Step("cuda tests", [python, "-m", "pytest", "-q", "-m", "cuda", "tests/"], 900),

@@ -10,8 +10,8 @@ from torch import nn
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 # The convolutional torsos for stacked 84x84 frames: (out channels, kernel, stride) per layer, then the width of the
-# fully connected hidden layer. `nips` has about a third of `nature`'s multiply-adds per sample (measured on 2 CPU
-# cores: 2.4-2.9x the samples/s of a float32 update, see docs/pong_cpu.md).
+# fully connected hidden layer. `nips` has about a third of `nature`'s multiply-adds per sample (its speed on a CPU:
+# docs/benchmarks.md).
 TORSOS = {
     # Mnih et al. 2015, "Human-level control through deep reinforcement learning" (Nature).
     "nature": (((32, 8, 4), (64, 4, 2), (64, 3, 1)), 512),
@@ -23,9 +23,8 @@ TORSOS = {
 def fast_bfloat16(device: torch.device | str) -> tuple[bool, str]:
     """Whether `device` computes bfloat16 convolutions and matrix products fast, and why, as PyTorch sees it: CUDA
     GPUs of compute capability 8.0 or newer; CPUs with AVX512-BF16 or AMX that PyTorch may use (ATEN_CPU_CAPABILITY
-    and ONEDNN_MAX_CPU_ISA narrow what it may). Elsewhere bfloat16 is emulated, about 10x slower than float32 on
-    an AVX2 CPU and 2.5x on an AVX-512 one without BF16 (https://pytorch.org/docs/stable/amp.html#cpu-op-specific-
-    behavior; docs/benchmarks.md)."""
+    and ONEDNN_MAX_CPU_ISA narrow what it may). Elsewhere bfloat16 is emulated, and slower than float32
+    (https://pytorch.org/docs/stable/amp.html#cpu-op-specific-behavior; docs/benchmarks.md)."""
     device = torch.device(device)
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
@@ -68,8 +67,8 @@ def background(frames: torch.Tensor) -> torch.Tensor:
     """The most common pixel value of the newest frame of each uint8 observation `[..., stack, height, width]`, shaped
     `[..., 1, 1, 1]` (the lowest value where two are as common), on a grid of every 4th pixel each way (441 of an
     84x84 frame's 7,056): the flat background that covers most of an Atari screen, whatever its colour. One
-    histogram of 256 bins per observation, counted for the whole batch at once; over every pixel it took 3-4 ms for a
-    batch of 32 on one CPU core, as long as the rest of the scaling, over the grid 0.15 ms."""
+    histogram of 256 bins per observation, counted for the whole batch at once, over the grid rather than every
+    pixel to keep it cheap."""
     grid = frames[..., -1, ::4, ::4]
     newest = grid.reshape(-1, grid.shape[-2] * grid.shape[-1]).long()
     bins = torch.arange(newest.shape[0], device=frames.device).unsqueeze(1) * 256
@@ -79,8 +78,8 @@ def background(frames: torch.Tensor) -> torch.Tensor:
 
 def channels_last_copy(frames: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """`frames` `[B, C, H, W]` converted to `dtype` in the channels-last layout, one strided copy per channel (C is
-    the frame stack, 4 for Atari): 0.53 ms for a batch of 32 uint8 Pong observations into bfloat16 on one CPU core,
-    where converting in one copy into that layout took 1.1-2.0 ms and into the plain one 0.18."""
+    the frame stack, 4 for Atari), which on a CPU is faster than converting in one copy into that layout
+    (docs/tried.md, Speed)."""
     batch, channels, height, width = frames.shape
     out = torch.empty(batch, height, width, channels, dtype=dtype, device=frames.device)
     for c in range(channels):
@@ -150,11 +149,9 @@ class QNetwork(nn.Module):
     def set_layout(self, channels_last: bool) -> QNetwork:
         """Frames and convolution kernels channels-last in memory (for training, on every device, and for acting in
         bfloat16; see for_acting()), or in the plain layout. The values are the same up to the order of sums (oneDNN
-        may sum in another order in each layout). Training is faster channels-last: on one core of the Intel Xeon
-        with AMX, the NIPS torso in bfloat16 at batch 32, a forward and backward pass took 5.1-5.3 ms against
-        5.8-5.9 plain and a forward pass 1.1 against 1.6-1.7, their inputs converted beforehand (the conversion,
-        channels_last_copy(), 0.5 ms against 0.2 plain); in float32 6.6 ms against 8.7 for a forward and backward
-        pass (an AMD EPYC; docs/pong_cpu.md). A GPU's tensor cores take channels-last too."""
+        may sum in another order in each layout). Training is faster channels-last, in float32 and in bfloat16, on
+        the CPUs measured (docs/tried.md, Speed; `python benchmarks/network.py` times both layouts). A GPU's tensor
+        cores take channels-last too."""
         self.channels_last = channels_last and self.is_image
         self.torso.to(memory_format=torch.channels_last if self.channels_last else torch.contiguous_format)
         return self
@@ -172,13 +169,11 @@ class QNetwork(nn.Module):
     def for_acting(self, channels_last: bool | None = None) -> QNetwork:
         """This network in eval mode for forward passes only (collectors, evaluation, play, the learner's target
         network; never trained). Under bf16 the layers that compute in bfloat16 store their weights in it, so that a
-        forward pass does not cast them again (a batch of 8 Pong stacks on one thread: 1.7 ms against 2.3);
-        load_state_dict() takes float32 weights as before and rounds them once. Its layout: `channels_last`, or by
-        default channels-last in bfloat16 and plain in float32, whichever acts faster: on one core of the Intel Xeon
-        with AMX, the NIPS torso's forward pass from uint8 frames took 0.88 ms channels-last against 0.97 plain at
-        batch 8 (a collector's) and 1.51 against 1.67 at 20 (an evaluation round's) in bfloat16, and 1.26 against
-        1.14 and 3.19 against 2.51 in float32. The learner's target network takes the inputs it converts once for
-        itself and the online network, so it keeps the online network's layout."""
+        forward pass does not cast them again; load_state_dict() takes float32 weights as before and rounds them
+        once. Its layout: `channels_last`, or by default channels-last in bfloat16 and plain in float32, whichever
+        acted faster at a collector's and an evaluation round's batch sizes on the CPUs measured (`python
+        benchmarks/network.py`). The learner's target network takes the inputs it converts once for itself and the
+        online network, so it keeps the online network's layout."""
         if channels_last is None:
             channels_last = self.compute_dtype != torch.float32
         if self.compute_dtype != torch.float32:
@@ -191,10 +186,9 @@ class QNetwork(nn.Module):
         pixel values (0-255, less each observation's background value with frame_offset `background`; integers,
         exact in either dtype), other observations as float32. The scaling to [0, 1] and a constant offset are
         folded into the first convolution (see _features()), so that a batch of frames costs one conversion where
-        scaling it took three passes (a batch of 32 Pong observations into bfloat16 on one CPU core: 0.18 ms plain,
-        0.53 channels-last, against 0.87 for scaling it). forward() calls it; a caller that feeds one batch to two
-        networks (the learner's s' to the online and the target network) calls it once and passes its result,
-        which it returns unchanged."""
+        scaling it took three passes. forward() calls it; a caller that feeds one batch to two networks (the
+        learner's s' to the online and the target network) calls it once and passes its result, which it returns
+        unchanged."""
         if obs.dtype != torch.uint8:
             return obs if obs.dtype == self.compute_dtype else obs.float()
         if self.channels_last and obs.dim() == 4:

@@ -272,7 +272,7 @@ class ReplayMemory:
         positions = (tick[:, None] + torch.arange(-S + 1, 1, device=self.device)) % self.lane_capacity
         rows = lane[:, None]
         # Whole frames as rows of the flattened store: on the CPU this copies each frame at once, where
-        # frames[rows, positions] went element by element (a batch of 32 sampled in 0.6 ms instead of 1.7).
+        # frames[rows, positions] went element by element (docs/benchmarks.md, Replay memory).
         frames = self.frames.flatten(0, 1).index_select(0, (rows * self.lane_capacity + positions).flatten())
         frames = frames.view(*positions.shape, *self.frames.shape[2:])     # [B, S, *frame]
         if S == 1:

@@ -7,10 +7,10 @@
 A record is what a reported result rests on, small enough to commit: the config as the run ran it (config.yaml), its
 code and machine (run.json), its summary (summary.json) and its evaluation curve (eval.csv: env steps, seconds from
 launch, mean score, its standard deviation over the round's episodes, episodes). A benchmark is a folder of records
-with a benchmark.yaml (its title, what it measures, the command that runs a seed, the scores its table times) and,
-for runs reported before records existed, an earlier.md whose table the page shows as it is, marked as such, until
-re-runs replace it. The page has one section per benchmark: a table with a row per record, linked to it, and a
-figure of every record's curve drawn by rl_dqn.plot.
+with a benchmark.yaml (its title, what it measures, the command that runs a seed, the scores its table times, notes on
+records) and, for runs reported before records existed, an earlier.md whose table the page shows as it is, marked as
+such, until re-runs replace it. The page has one section per benchmark: a table with a row per record, linked to it,
+and a figure of every record's curve drawn by rl_dqn.plot.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ class Benchmark(NamedTuple):
     scores: list[float]   # the scores whose time the table gives
     target: float | None  # the score drawn as a dashed line on the figure
     order: int            # its place on the page
+    notes: dict[str, str]  # a line about a record, by its folder's name (e.g. what else ran on the machine)
 
 
 # ------------------------------------------------------------------------------------------------ recording
@@ -107,7 +108,7 @@ def benchmarks(results: Path = RESULTS) -> list[Benchmark]:
             data = yaml.safe_load(path.read_text())
             found.append(Benchmark(path.parent.name, data["title"], data["about"].strip(), data["command"].strip(),
                                    [float(s) for s in data.get("scores", [])], data.get("target"),
-                                   int(data.get("order", 100))))
+                                   int(data.get("order", 100)), dict(data.get("notes") or {})))
         except (yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as e:
             raise ResultsError(f"{path}: {type(e).__name__}: {e}") from None
     return sorted(found, key=lambda b: (b.order, b.name))
@@ -153,6 +154,7 @@ def page(results: Path = RESULTS) -> tuple[str, dict[str, dict[str, list[EvalPoi
         folders = records(bench, results)
         if folders:
             parts += _table(bench, folders, results)
+            parts += [""] + [f"- {name}: {note}" for name, note in bench.notes.items()] if bench.notes else []
             figures[bench.name] = {f"seed {_config(f)['run']['seed']}": curve(f) for f in folders}
             parts += ["", f"![{bench.title}: evaluation score against wall time and env steps, every record]"
                           f"(results/{bench.name}.png)", ""]

@@ -21,10 +21,9 @@ def keep_freed_memory() -> bool:
     """Makes glibc's malloc keep freed memory for the next allocation instead of handing it back to the kernel.
 
     By default it hands back the top of its heap once a few MB there are free, and a learner update frees that
-    much (the batch, the activations), so every update faulted its memory in again: on 2 cores, about 4,000 page
-    faults and 8 ms of CPU in the kernel per update of batch 32, which made updates take 24% longer (measured;
-    docs/benchmarks.md). The heap now keeps up to 1 GiB free at its top; blocks over 32 MiB (the replay
-    memory, large CPU batches) are still mapped apart and handed back when freed. Malloc settings the user put
+    much (the batch, the activations), so every update faulted its memory in again, paying for page faults in the
+    kernel's CPU time (docs/benchmarks.md). The heap now keeps up to 1 GiB free at its top; blocks over 32 MiB (the
+    replay memory, large CPU batches) are still mapped apart and handed back when freed. Malloc settings the user put
     in the environment win. Returns False where this changed nothing (such settings, or a C library that is not
     glibc)."""
     if any(name in os.environ for name in _MALLOC_ENVIRONMENT):
@@ -41,10 +40,9 @@ def flush_denormals() -> bool:
     FTZ and DAZ flags), as TensorFlow's CPU kernels do (tensorflow/core/platform/denormal.h).
 
     Adam's moment estimates of a weight whose gradient stays zero (a ReLU unit that no longer fires) decay
-    geometrically into the denormal range below 1.2e-38, and every operation on a denormal takes a slow path:
-    measured on 2 CPU cores, Adam's fused step over the NIPS torso took 17.8 ms with such moments against 0.6 ms,
-    and the learner spent 30% of its training thread there. Values that small change no update. Returns False
-    where the CPU has no such flags."""
+    geometrically into the denormal range below 1.2e-38, and every operation on a denormal takes a slow path, which
+    made Adam's step a large share of the learner's time (`python benchmarks/network.py` times it both ways). Values
+    that small change no update. Returns False where the CPU has no such flags."""
     return torch.set_flush_denormal(True)
 
 
