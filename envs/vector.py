@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rl_dqn.config import EnvConfig
+from envs.config import EnvConfig
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

@@ -1,3 +1,3 @@
-from rl_dqn.cli import exit_process, main
+from rl_dqn.cli import entry
 
-exit_process(main())
+entry()

@@ -1,10 +1,15 @@
-"""Command line: `python -m rl_dqn {local,learner,collectors,collector} CONFIG [section.key=value ...]`.
+"""Command line: `rl-dqn COMMAND ...` (`pip install -e .` makes it), or `python -m rl_dqn COMMAND ...`.
 
 - local:      this node runs the whole run: a learner and collectors.count collectors on 127.0.0.1
 - learner:    the learner process of a multi-node run (rank 0)
 - collectors: a collector node: collectors.count collector processes, ranks cluster.rank .. + count - 1
 - collector:  one collector process (what `collectors` and `local` start)
 - worker:     one process of the run by its rank, torchrun-style: the learner for rank 0, else that collector
+Each takes CONFIG [section.key=value ...]. The tools take their own arguments (`rl-dqn TOOL --help`):
+- play:       a trained agent's greedy episodes and video (rl_dqn.evaluate, ./launch/play.sh)
+- doctor:     what this machine is to rl_dqn and whether a config can run here (rl_dqn.doctor, ./launch/doctor.sh)
+- plot:       learning curves of runs (rl_dqn.plot)
+- results:    docs/results.md from the records under results/ (rl_dqn.results)
 With cluster.init_method=env://, MASTER_ADDR and MASTER_PORT name the rendezvous, and WORLD_SIZE and RANK fill
 cluster.world_size and cluster.rank where the config leaves them unset (RANK: the first process this command starts).
 Bad input exits with code 2 and one line naming the problem; a role that fails exits 1. A resumed run
@@ -14,6 +19,7 @@ Bad input exits with code 2 and one line naming the problem; a role that fails e
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import signal
 import socket
@@ -24,14 +30,22 @@ from pathlib import Path
 from typing import NoReturn
 
 from rl_dqn.config import Config, ConfigError, load_config, save_config
-from rl_dqn.console import LAUNCHED_AT_ENV, OneLineParser, launched_at
+from rl_dqn.console import LAUNCHED_AT_ENV, OneLineParser, launched_at, say
 from rl_dqn.supervisor import EXIT_BAD_INPUT, EXIT_LEARNER_LOST, free_port
 
 RUNS_DIR = Path(os.environ.get("RL_DQN_RUNS_DIR") or Path(__file__).resolve().parents[1] / "runs")
 
 
+# The tools, each a module whose main(argv) parses its own arguments: `rl-dqn plot ...` is `python -m rl_dqn.plot ...`.
+TOOLS = {"play": ("rl_dqn.evaluate", "play a trained agent: greedy episodes, mean +- std, a video"),
+         "doctor": ("rl_dqn.doctor", "what this machine is to rl_dqn; whether a config can run here"),
+         "plot": ("rl_dqn.plot", "learning curves of runs"),
+         "results": ("rl_dqn.results", "docs/results.md from the records under results/")}
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="python -m rl_dqn", description=__doc__.split("\n\n")[0])
+    prog = "rl-dqn" if Path(sys.argv[0]).name == "rl-dqn" else "python -m rl_dqn"
+    parser = OneLineParser(prog=prog, description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     for name, text in (("local", "learner and collectors on this node"), ("learner", "the learner process"),
                        ("collectors", "this node's collector processes"), ("collector", "one collector process"),
@@ -42,10 +56,15 @@ def _parser() -> argparse.ArgumentParser:
         if name == "collector":
             p.add_argument("--local-index", type=int, default=0,
                            help="which of this node's collectors: rank = cluster.rank + local index")
+    for name, (_, text) in TOOLS.items():   # listed in --help; main() hands their arguments to the module
+        sub.add_parser(name, help=text, add_help=False)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in TOOLS:
+        return importlib.import_module(TOOLS[argv[0]][0]).main(argv[1:])
     os.environ.setdefault(LAUNCHED_AT_ENV, repr(time.time()))
     args = _parser().parse_args(argv)
     if args.command == "worker":
@@ -58,6 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"rl_dqn: config error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+
+
+def entry() -> NoReturn:
+    """The `rl-dqn` console command (pyproject.toml) and `python -m rl_dqn`."""
+    exit_process(main())
 
 
 def exit_process(code: int) -> NoReturn:
@@ -227,7 +251,7 @@ def _local(cfg: Config, args) -> int:
     for rank in range(one_node.world_size):
         _placement(one_node, rank)
     if (line := _finished_already(cfg)) is not None:
-        print(f"[local] {line}", flush=True)
+        say("local", line)
         return 0
     _make_run_dir(cfg)
     here = [sys.executable, "-m", "rl_dqn"]
@@ -236,8 +260,8 @@ def _local(cfg: Config, args) -> int:
                                          f"--local-index={i}"], finishes_run=False,
                        restarts=cfg.collectors.max_restarts)
               for i in range(cfg.collectors.count)]
-    print(f"[local] run {cfg.run.name}: learner + {cfg.collectors.count} collectors at {init_method}; "
-          f"writing {run_dir(cfg)}", flush=True)
+    say("local", f"run {cfg.run.name}: learner + {cfg.collectors.count} collectors at {init_method}; "
+                 f"writing {run_dir(cfg)}")
     return supervise(specs, node="local")
 
 
@@ -313,7 +337,7 @@ def _learner(cfg: Config, args) -> int:
     spec = _check_env(cfg)
     placement = _placement(cfg, 0)
     if (line := _finished_already(cfg)) is not None:   # before the run folder is touched or RPC joined
-        print(f"[learner] {line}", flush=True)
+        say("learner", line)
         return 0
     folder = _make_run_dir(cfg)
     stop = _stop_on_signals()
@@ -337,7 +361,7 @@ def _learner(cfg: Config, args) -> int:
     how = {"total_env_steps": "done", "stop_score": "reached eval.stop_score"}.get(learner.ended,
                                                                                   "stopped on a signal")
     for line in learner.closing_lines(how):
-        print(f"[learner] {line}", flush=True)
+        say("learner", line)
     return 0
 
 
@@ -362,7 +386,7 @@ def _collector(cfg: Config, args) -> int:
     stop = _stop_on_signals()
     configure_process()
     transport = None
-    print(f"[{name}] joining the run at {cfg.cluster.init_method}", flush=True)
+    say(name, f"joining the run at {cfg.cluster.init_method}")
     try:
         transport = CollectorTransport(cfg, rank - 1, stop, placement)
         Collector(cfg, rank - 1, transport, stop, placement.device, incarnation=transport.incarnation).run()

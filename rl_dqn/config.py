@@ -19,13 +19,8 @@ from typing import Any, Literal, NamedTuple
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """A config key with a value that is not allowed (or a key that does not exist)."""
-
-    def __init__(self, key: str, message: str):
-        super().__init__(f"{key}: {message}")
-        self.key = key
+# The env section and the error of every check live in envs, below the agent, which imports nothing from rl_dqn.
+from envs.config import ConfigError, EnvConfig
 
 
 def _require(ok: bool, key: str, message: str) -> None:
@@ -59,47 +54,6 @@ class RunConfig:
                  self.name not in (".", ".."), "run.name",
                  f"must be a folder name of letters, digits and ._+=- characters, got {self.name!r}")
         _require(self.seed >= 0, "run.seed", f"must be >= 0, got {self.seed}")
-
-
-@dataclass(frozen=True)
-class EnvConfig:
-    id: str = "ALE/Pong-v5"
-    """gymnasium id: `ALE/<Game>-v5` for Atari, or a classic-control id such as `CartPole-v1`"""
-    envs_per_collector: int = 8
-    """environments each collector steps together as one vector"""
-    threads_per_collector: int = 1
-    """threads stepping one collector's Atari vector (ale-py's AtariVectorEnv)"""
-    frame_skip: int = 4
-    """emulator frames per agent step, max-pooled over the last two (Atari)"""
-    frame_stack: int = 4
-    """84x84 grayscale frames per observation (Atari)"""
-    noop_max: int = 30
-    """at most this many no-op agent steps at the start of an episode (Atari)"""
-    sticky_action_prob: float = 0.25
-    """probability that the emulator repeats the previous action on each frame (Atari; 0.25 is ALE v5's)"""
-    max_episode_frames: int = 108_000
-    """episodes are truncated after this many emulator frames (Atari; 108,000 frames = 30 minutes of play)"""
-    terminal_on_life_loss: bool = True
-    """a lost life is a terminal state for the TD target; the game itself goes on (Atari)"""
-    clip_rewards: bool = True
-    """train on the sign of each reward; reported returns stay the raw game score"""
-
-    def __post_init__(self):
-        _require(self.id != "", "env.id", "must name a gymnasium environment, e.g. ALE/Pong-v5 or CartPole-v1")
-        _require(self.envs_per_collector >= 1, "env.envs_per_collector", f"must be >= 1, got {self.envs_per_collector}")
-        _require(self.threads_per_collector >= 1, "env.threads_per_collector",
-                 f"must be >= 1, got {self.threads_per_collector}")
-        _require(self.frame_skip >= 1, "env.frame_skip", f"must be >= 1, got {self.frame_skip}")
-        _require(self.frame_stack >= 1, "env.frame_stack", f"must be >= 1, got {self.frame_stack}")
-        _require(self.noop_max >= 0, "env.noop_max", f"must be >= 0, got {self.noop_max}")
-        _require(0.0 <= self.sticky_action_prob < 1.0, "env.sticky_action_prob",
-                 f"must be in [0, 1), got {self.sticky_action_prob}")
-        _require(self.max_episode_frames >= self.frame_skip, "env.max_episode_frames",
-                 f"must be >= env.frame_skip ({self.frame_skip}), got {self.max_episode_frames}")
-
-    @property
-    def is_atari(self) -> bool:
-        return self.id.startswith("ALE/")
 
 
 @dataclass(frozen=True)
@@ -756,9 +710,10 @@ def reference_markdown() -> str:
     """docs/config.md: every config key with its default and meaning, one table per section (`python -m rl_dqn.config`
     prints it; a test keeps the page and the docstrings the same)."""
     defaults = to_dict(Config())
-    parts = ["# Every config key\n\nGenerated from the docstrings in `rl_dqn/config.py` by `python -m rl_dqn.config >"
-             " docs/config.md`.\nDefaults are the dataclasses'; the files in `configs/` set many of them. Any key can"
-             " be set on the\ncommand line as `section.key=value` after the config."]
+    parts = ["# Every config key\n\nGenerated from the docstrings in `rl_dqn/config.py` (the `env` section's in "
+             "`envs/config.py`) by\n`python -m rl_dqn.config > docs/config.md`. Defaults are the dataclasses'; the "
+             "files in `configs/` set many of\nthem. Any key can be set on the command line as `section.key=value` "
+             "after the config."]
     for section, cls in SECTIONS.items():
         docs = field_docs(cls)
         rows = []

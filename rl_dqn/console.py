@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import time
@@ -26,9 +27,44 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.name}: error: {message} (usage: {usage})\n")
 
 
+class _ConsoleHandler(logging.Handler):
+    """Writes `[role] message` to the current sys.stdout, looked up at each line (so that pytest's capsys and any
+    later redirection see it), and flushes it: a node's launcher reads its roles' lines as they come."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            role = getattr(record, "role", record.name.removeprefix("rl_dqn."))
+            stream = sys.stdout
+            stream.write(f"[{role}] {record.getMessage()}\n")
+            stream.flush()
+        except Exception:
+            self.handleError(record)
+
+
+# Console lines are records of the "rl_dqn.<role>" loggers, written by one handler on "rl_dqn" that each process sets
+# up when it first imports this module. That logger does not propagate, so a root handler (logging.basicConfig)
+# does not print them twice. To change what shows, use logging as usual, e.g.
+#   logging.getLogger("rl_dqn").setLevel(logging.WARNING)             only the "warning: ..." lines
+#   logging.getLogger("rl_dqn.learner").addHandler(logging.FileHandler("learner.log"))
+#   logging.getLogger("rl_dqn").propagate = True                       also to the root logger's handlers
+def _set_up_console() -> None:
+    logger = logging.getLogger("rl_dqn")
+    if any(isinstance(h, _ConsoleHandler) for h in logger.handlers):
+        return
+    logger.addHandler(_ConsoleHandler())
+    if logger.level == logging.NOTSET:   # a level the user set before this import stays
+        logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+_set_up_console()
+
+
 def say(role: str, message: str) -> None:
-    """One console line, prefixed with the role."""
-    print(f"[{role}] {message}", file=sys.stdout, flush=True)
+    """One console line, `[role] message`, logged by the "rl_dqn.<role>" logger: at WARNING for a message that
+    starts with "warning:", else at INFO."""
+    level = logging.WARNING if message.startswith("warning:") else logging.INFO
+    logging.getLogger(f"rl_dqn.{role}").log(level, message, extra={"role": role})
 
 
 def progress_bar(fraction: float, width: int = 20) -> str:

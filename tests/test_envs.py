@@ -8,8 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from envs import EnvError, describe_env, make_vector_env
-from rl_dqn.config import EnvConfig
+from envs import EnvConfig, EnvError, describe_env, make_vector_env
 
 
 def atari(**changes) -> EnvConfig:
