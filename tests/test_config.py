@@ -144,12 +144,23 @@ def _cli(*args, env=None, timeout=60):
     (["learner", "configs/smoke.yaml", "cluster.init_method=tcp://127.0.0.2:1", "cluster.world_size=3",
       "cluster.interface=lo"], "cluster.init_method"),
 ])
-def test_cli_refuses_bad_input_with_one_line_and_exit_2(args, key):
-    result = _cli(*args)
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+def test_cli_refuses_bad_input_with_one_line_and_exit_2(args, key, capsys, monkeypatch, tmp_path):
+    """In this process, as `python -m rl_dqn` runs it (a fresh interpreter per case costs seconds: the one below
+    goes through it)."""
+    from rl_dqn.cli import main
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr("rl_dqn.cli.RUNS_DIR", tmp_path)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
     assert lines[0].startswith(f"rl_dqn: config error: {key}: ")
+
+
+def test_python_m_rl_dqn_refuses_bad_input_with_one_line_and_exit_2():
+    result = _cli("local", "configs/smoke.yaml", "train.bach_size=3")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("rl_dqn: config error: train.bach_size: ") and result.stderr.count("\n") == 1
 
 
 @pytest.mark.parametrize("override, variables, key", [

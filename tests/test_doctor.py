@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl_dqn.doctor import Step, acceptance_run
+from rl_dqn.doctor import Step, acceptance_run, main
 
 ROOT = Path(__file__).resolve().parents[1]
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without a GPU")
@@ -21,6 +21,22 @@ def doctor(*args: str, runs: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, RL_DQN_PYTHON=sys.executable, RL_DQN_RUNS_DIR=str(runs))
     return subprocess.run([str(ROOT / "launch/doctor.sh"), *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=120)
+
+
+@pytest.fixture
+def doctor_here(tmp_path, monkeypatch, capsys):
+    """The doctor command run in this process (its launcher is tested above; a fresh interpreter costs seconds),
+    with its runs folder in tmp_path: (exit code, stdout, stderr)."""
+    monkeypatch.setattr("rl_dqn.cli.RUNS_DIR", tmp_path)
+
+    def run(*args: str) -> tuple[int, str, str]:
+        try:
+            code = main(list(args))
+        except SystemExit as e:
+            code = e.code
+        out, err = capsys.readouterr()
+        return code, out, err
+    return run
 
 
 def test_the_quick_start_config_can_run_here_and_the_report_says_on_what(tmp_path):
@@ -41,18 +57,18 @@ def test_the_quick_start_config_can_run_here_and_the_report_says_on_what(tmp_pat
     pytest.param(["configs/pong_cpu.yaml", "transport.kind=cuda"], "transport.kind: cuda needs a CUDA GPU",
                  marks=no_gpu),
 ])
-def test_a_config_that_cannot_run_here_exits_2_with_a_line_per_problem(tmp_path, args, problem):
-    result = doctor(*args, runs=tmp_path)
-    assert result.returncode == 2
-    assert result.stderr.startswith(f"doctor: {problem}") and len(result.stderr.strip().splitlines()) == 1
+def test_a_config_that_cannot_run_here_exits_2_with_a_line_per_problem(doctor_here, args, problem):
+    code, _, err = doctor_here(*args)
+    assert code == 2
+    assert err.startswith(f"doctor: {problem}") and len(err.strip().splitlines()) == 1
 
 
 @no_gpu
-def test_the_gpu_acceptance_run_needs_a_gpu_and_says_so_in_one_line(tmp_path):
-    result = doctor("--gpu", runs=tmp_path)
-    assert result.returncode == 2
-    assert result.stderr.strip() == ("doctor: no CUDA GPU here (torch.cuda.is_available() is False); the GPU "
-                                     "acceptance run needs one")
+def test_the_gpu_acceptance_run_needs_a_gpu_and_says_so_in_one_line(doctor_here, tmp_path):
+    code, _, err = doctor_here("--gpu")
+    assert code == 2
+    assert err.strip() == ("doctor: no CUDA GPU here (torch.cuda.is_available() is False); the GPU acceptance run "
+                           "needs one")
     assert not list(tmp_path.iterdir())
 
 
@@ -87,7 +103,7 @@ def test_tensorpipes_verbose_log_does_not_push_a_checks_figures_out_of_the_repor
     assert "ingest: cuda 1,763 MB/s" in report.read_text()
 
 
-def test_the_quick_node_run_fits_its_9_minutes_and_runs_scripts_that_exist(tmp_path):
+def test_the_quick_node_run_fits_its_9_minutes_and_runs_scripts_that_exist(doctor_here):
     """--gpu --quick: each step's time limit sums to at most 9 minutes, and every script and test file it names is
     in the repository, for configs/pong_gpu.yaml (its default), whose config loads."""
     from rl_dqn.doctor import NODE_CONFIG, node_steps
@@ -95,10 +111,10 @@ def test_the_quick_node_run_fits_its_9_minutes_and_runs_scripts_that_exist(tmp_p
     assert sum(step.timeout_s for step in steps) <= 9 * 60
     named = [arg for step in steps for arg in step.argv[1:] if arg.endswith((".py", ".yaml"))]
     assert named and all((ROOT / path).is_file() for path in named), named
-    assert doctor(NODE_CONFIG, runs=tmp_path).returncode == 0
+    assert doctor_here(NODE_CONFIG)[0] == 0
 
 
 @pytest.mark.parametrize("args", [["--quick"], ["--quick", "configs/pong_gpu.yaml"]])
-def test_quick_goes_with_gpu(tmp_path, args):
-    result = doctor(*args, runs=tmp_path)
-    assert result.returncode == 2 and "--quick goes with --gpu" in result.stderr
+def test_quick_goes_with_gpu(doctor_here, args):
+    code, _, err = doctor_here(*args)
+    assert code == 2 and err.startswith("doctor: error: --quick goes with --gpu (usage: ") and err.count("\n") == 1

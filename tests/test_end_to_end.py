@@ -22,6 +22,9 @@ from rl_dqn.network import resolve_precision
 from rl_dqn.supervisor import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
+# Each test starts a real run (start-up alone is seconds of several processes on 2 cores): all are outside the fast
+# inner loop, `-m "not slow"`, whose real-process test is the transport contract (test_transport.py).
+pytestmark = pytest.mark.slow
 TAGS = ["collector/episode_return", "collector/episode_length", "collector/env_steps_per_s", "learner/loss",
         "learner/q_mean", "learner/updates_per_s", "learner/replay_size", "transport/recv_mb_per_s",
         "weights/version", "weights/staleness", "learner/updates", "cluster/collectors_alive",
@@ -69,6 +72,17 @@ def wait_for(condition, timeout: float, what: str):
             return value
         time.sleep(0.2)
     pytest.fail(f"timed out waiting for {what}")
+
+
+def wall_time(monotonic: float) -> float:
+    """time.time() at a time.monotonic() reading: when a console line came, on TensorBoard's clock."""
+    return time.time() - (time.monotonic() - monotonic)
+
+
+def listening(pids: set[int]) -> list[str]:
+    """Local addresses of the TCP sockets these processes listen on (from `ss`)."""
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
+    return [line.split()[3] for line in out.splitlines() if any(f"pid={p}," in line for p in pids)]
 
 
 def points(run_dir: Path) -> dict[str, list]:
@@ -119,17 +133,6 @@ class Console:
             pytest.fail(f"{self.process.args} did not end within {timeout} s:\n{self.text[-3000:]}")
         self._reader.join(timeout=10)   # its last lines
         return code
-
-
-@pytest.fixture(scope="module")
-def smoke(tmp_path_factory) -> tuple[Path, str]:
-    """The smoke run (Pong, 4,000 env steps, learner + 2 collectors, evaluation with video): its folder and its
-    console output."""
-    runs = tmp_path_factory.mktemp("runs")
-    env = dict(os.environ, RL_DQN_RUNS_DIR=str(runs), RL_DQN_PYTHON=sys.executable)
-    code, output = finish(launch("local.sh", "configs/smoke.yaml", "run.name=smoke", env=env), timeout=300)
-    assert code == 0, output[-3000:]
-    return runs / "smoke", output
 
 
 def test_smoke_run_end_to_end(smoke):
@@ -236,8 +239,10 @@ def test_console_shows_progress_and_a_final_summary(smoke):
     assert f"[learner] best evaluated network {run_dir}/checkpoints/best.pt (score " in output
 
 
-def test_play_prints_the_score_and_records_a_video_that_decodes(smoke, tmp_path):
+def test_play_prints_the_score_and_records_a_video_that_decodes(smoke, tmp_path, capsys):
     import cv2
+
+    from rl_dqn.evaluate import main as play
     run_dir, _ = smoke
     env = dict(os.environ, RL_DQN_PYTHON=sys.executable)
     for name in ("episode.mp4", "episode.gif"):
@@ -261,46 +266,23 @@ def test_play_prints_the_score_and_records_a_video_that_decodes(smoke, tmp_path)
                 animation.durations
         assert frames[0].shape[:2] == (210, 160), (name, frames[0].shape)
         assert len({f.tobytes() for f in frames}) > 10   # the game moves
-    # A given checkpoint, and bad input: one line, exit 2.
+    # A given checkpoint, and the run's best network (in this process: the launcher is the one above).
     checkpoint = sorted((run_dir / "checkpoints").glob("checkpoint_*.pt"))[0]
-    code, output = finish(launch("play.sh", str(checkpoint), "--episodes", "1", env=env), timeout=120)
-    assert code == 0 and f"{checkpoint}: 1 episodes" in output, output
-    code, output = finish(launch("play.sh", str(run_dir), "--best", "--episodes", "1", env=env), timeout=120)
-    assert code == 0 and f"{run_dir / 'checkpoints/best.pt'}: 1 episodes" in output, output
-    for args in (["--video", str(tmp_path / "x.avi")], ["--episodes", "0"]):
-        code, output = finish(launch("play.sh", str(run_dir), *args, env=env), timeout=60)
-        assert code == 2 and "Traceback" not in output, output
-    code, output = finish(launch("play.sh", str(checkpoint), "--best", env=env), timeout=60)
-    assert code == 2 and "--best takes a run folder, not a checkpoint file" in output, output
+    assert play([str(checkpoint), "--episodes", "1"]) == 0
+    assert f"{checkpoint}: 1 episodes" in capsys.readouterr().out
+    assert play([str(run_dir), "--best", "--episodes", "1"]) == 0
+    assert f"{run_dir / 'checkpoints/best.pt'}: 1 episodes" in capsys.readouterr().out
+    # Bad input through the launcher: one line, exit 2 (the other refusals: test_evaluate.py, in-process).
     code, output = finish(launch("play.sh", str(tmp_path / "nothing"), env=env), timeout=60)
     assert code == 2 and output.strip() == f"play: error: {tmp_path / 'nothing'} is neither a run folder nor a " \
                                            f"checkpoint file", output
 
 
-# For tests of how processes start and find each other: a run just long enough to train a little, no evaluation.
-SHORT = ["train.total_env_steps=1536", "eval.every_env_steps=0"]
 # For tests that watch a run under way: one that goes on until the test has seen what it waits for, and ends it
 # with a signal (a run of a fixed length could end first on a fast machine, or before a slow one shows anything).
-LONG = ["train.total_env_steps=10000000", "metrics.interval_s=1"]
-
-
-def test_two_node_commands(runs, monkeypatch):
-    """The multi-node launchers on one machine: a learner node (tcp://) and a collector node of 2 collectors
-    (env://, torchrun-style MASTER_ADDR and MASTER_PORT)."""
-    port = free_port()
-    cluster = ["cluster.world_size=3", "cluster.interface=lo", *SHORT]
-    learner = launch("learner.sh", "configs/smoke.yaml", "run.name=nodes",
-                     f"cluster.init_method=tcp://127.0.0.1:{port}", *cluster)
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(port))
-    collectors = launch("collector.sh", "configs/smoke.yaml", "run.name=nodes", "cluster.init_method=env://",
-                        *cluster, "cluster.rank=1")
-    code, output = finish(learner, timeout=120)
-    assert code == 0, output[-3000:]
-    code, output = finish(collectors, timeout=30)
-    assert code == 0, output[-3000:]
-    summary = json.loads((runs / "nodes" / "summary.json").read_text())
-    assert summary["updates"] > 0 and all(c["env_steps"] > 0 for c in summary["collectors"].values())
+# No evaluator, whose process and rounds would take the 2 cores' time from what these tests watch: the smoke run
+# and test_sigterm_takes_the_run_down_and_keeps_what_was_learned run with one.
+LONG = ["train.total_env_steps=10000000", "metrics.interval_s=1", "eval.every_env_steps=0"]
 
 
 def rank_of(pid: int) -> int | None:
@@ -372,47 +354,57 @@ def test_slurm_script_runs_a_two_node_job(runs, tmp_path):
     assert not processes_of("slurm")
 
 
-def test_a_collector_node_started_later_joins_a_running_learner(runs):
-    """Collectors join whenever they come: a second collector node starts after the run has been training. Once
-    the data of its collector has reached the learner, a SIGTERM to the learner ends the run and both nodes."""
+def test_collector_nodes_join_a_running_learner_whenever_they_come_and_leave_it_on_sigint(runs, monkeypatch):
+    """The multi-node launchers on one machine: a learner node (tcp://) and two collector nodes of one collector
+    each. The learner listens on its named interface only (loopback here). The first node joins by tcp://. The
+    second starts after the run has been training, by env:// with torchrun's MASTER_ADDR and MASTER_PORT, and is
+    the collector side of a mixed cluster: a node with no GPU runs its collectors with transport.kind=cuda; they act
+    on the CPU and send CPU tensors, with no device map. (The learner here is on the CPU, as this test must run where
+    there is no GPU; over CUDA, a learner sends such collectors a CPU copy of its weights.) Once the second node's
+    data has reached the learner, SIGINT ends the first node within 30 s, its collector leaves and the learner
+    trains on; SIGINT to the learner then ends the run and the other node, with a checkpoint. (A two-node run that
+    ends by itself at its total: test_faults.py's test_learner_death_then_resume_continues_the_run.)"""
     port = free_port()
-    cluster = [f"cluster.init_method=tcp://127.0.0.1:{port}", "cluster.world_size=3", "cluster.interface=lo",
-               "collectors.count=1", "run.name=later", *LONG]
-    learner = Console(launch("learner.sh", "configs/smoke.yaml", *cluster))
-    first = Console(launch("collector.sh", "configs/smoke.yaml", *cluster, "cluster.rank=1"))
-    wait_for(lambda: (runs / "later").exists() and scalars(runs / "later").get("learner/loss"), timeout=90,
-             what="training with one collector")
-    second = Console(launch("collector.sh", "configs/smoke.yaml", *cluster, "cluster.rank=2"))
+    cluster = ["cluster.world_size=3", "cluster.interface=lo", "collectors.count=1", "run.name=nodes", *LONG]
+    learner = Console(launch("learner.sh", "configs/smoke.yaml", f"cluster.init_method=tcp://127.0.0.1:{port}",
+                             *cluster, "learner.device=cpu"))
+    first = Console(launch("collector.sh", "configs/smoke.yaml", f"cluster.init_method=tcp://127.0.0.1:{port}",
+                           *cluster, "cluster.rank=1"))
+    wait_for(lambda: (runs / "nodes").exists() and scalars(runs / "nodes").get("learner/loss"), timeout=90,
+             what=f"training with one collector; last lines:\n{learner.text[-3000:]}")
+    # The learner's store (on the run's port) and TensorPipe's listener: loopback only, as cluster.interface says.
+    addresses = listening({learner.process.pid})   # learner.sh execs the learner: this is the learner
+    assert any(a.endswith(f":{port}") for a in addresses) and len(addresses) >= 2, addresses
+    assert all(a.startswith("127.0.0.1:") for a in addresses), addresses
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    second = Console(launch("collector.sh", "configs/smoke.yaml", "cluster.init_method=env://", *cluster,
+                            "cluster.rank=2", "transport.kind=cuda", "collectors.device=cpu"))
     learner.wait_for("[learner] collector1 joined (process 1 of its slot)", timeout=90)
     # Its figures travel with its chunks only, and the learner logs them once a chunk has entered replay.
-    wait_for(lambda: scalars(runs / "later").get("system/collector1/cpu_percent"), timeout=90,
+    wait_for(lambda: scalars(runs / "nodes").get("system/collector1/cpu_percent"), timeout=90,
              what=f"collector1's chunks to enter replay; last lines:\n{learner.text[-3000:]}")
-    learner.process.send_signal(signal.SIGTERM)   # learner.sh execs the learner: this is the learner
-    assert learner.finish(60) == 0, learner.text[-3000:]
-    for node in (first, second):
-        assert node.finish(30) == 0, node.text[-3000:]
-    summary = json.loads((runs / "later" / "summary.json").read_text())
-    assert all(c["env_steps"] > 0 for c in summary["collectors"].values()), summary["collectors"]
-    assert not processes_of("later")
+    sent = time.monotonic()
+    first.process.send_signal(signal.SIGINT)
+    assert first.finish(40) == 128 + signal.SIGINT and time.monotonic() - sent < 30, first.text[-3000:]
+    left = learner.wait_for("[learner] collector0 left", timeout=10, after=sent)
 
-
-def test_collector_node_without_a_gpu_joins_a_cuda_run_with_cpu_tensors(runs):
-    """The collector side of a mixed cluster: a node with no GPU runs its collectors with transport.kind=cuda;
-    they act on the CPU and send CPU tensors, with no device map. (The learner here is on the CPU, as this test
-    must run where there is no GPU; over CUDA, a learner sends such collectors a CPU copy of its weights.)"""
-    port = free_port()
-    cluster = [f"cluster.init_method=tcp://127.0.0.1:{port}", "cluster.world_size=3", "cluster.interface=lo",
-               "run.name=mixed", *SHORT]
-    learner = launch("learner.sh", "configs/smoke.yaml", *cluster, "learner.device=cpu")
-    collectors = launch("collector.sh", "configs/smoke.yaml", *cluster, "cluster.rank=1", "transport.kind=cuda",
-                        "collectors.device=cpu")
-    code, output = finish(learner, timeout=120)
-    assert code == 0, output[-3000:]
-    code, output = finish(collectors, timeout=30)
-    assert code == 0, output[-3000:]
-    assert "on cpu" in output
-    summary = json.loads((runs / "mixed" / "summary.json").read_text())
-    assert {c["chunk_device"] for c in summary["collectors"].values()} == {"cpu"}
+    def trained_since_left() -> bool:
+        """learner/updates, logged every interval, rose after collector0 left."""
+        logged = [(e.wall_time, e.value) for e in points(runs / "nodes")["learner/updates"]]
+        before = max((v for t, v in logged if t <= wall_time(left)), default=0.0)
+        return any(v > before for t, v in logged if t > wall_time(left))
+    wait_for(trained_since_left, timeout=60, what="the learner to train on with the other collector")
+    learner.process.send_signal(signal.SIGINT)
+    assert learner.finish(40) == 0, learner.text[-3000:]
+    assert second.finish(30) == 0, second.text[-3000:]
+    assert "[collector1] acting in 4 x ALE/Pong-v5 on cpu" in second.text, second.text[-3000:]
+    summary = json.loads((runs / "nodes" / "summary.json").read_text())
+    assert summary["updates"] > 0 and all(c["env_steps"] > 0 for c in summary["collectors"].values()), summary
+    assert set(summary["collectors"]) == {"collector0", "collector1"}
+    assert summary["collectors"]["collector1"]["chunk_device"] == "cpu"
+    assert list((runs / "nodes" / "checkpoints").glob("checkpoint_*.pt"))
+    assert not processes_of("nodes")
 
 
 @pytest.mark.cuda
@@ -434,10 +426,11 @@ def test_smoke_run_over_the_cuda_transport(runs):
 
 
 def test_sigterm_takes_the_run_down_and_keeps_what_was_learned(runs):
-    """SIGTERM takes a one-node run down within 30 s and keeps its checkpoint. Before that, what a run shows while
-    it goes on, which the smoke run (it ends by itself) need not last long enough to show on a fast machine:
-    progress lines with an ETA, and the system figures of every role."""
-    console = Console(launch("local.sh", "configs/smoke.yaml", "run.name=term", *LONG))
+    """SIGTERM takes a one-node run (learner, 2 collectors, evaluator) down within 30 s and keeps its checkpoint.
+    Before that, what a run shows while it goes on, which the smoke run (it ends by itself) need not last long enough
+    to show on a fast machine: progress lines with an ETA, and the system figures of every role; and every socket of
+    the run listens on loopback only."""
+    console = Console(launch("local.sh", "configs/smoke.yaml", "run.name=term", *LONG, "eval.every_env_steps=1000"))
     # Progress lines once a second, the env steps rising, with an ETA once data has come.
     line = r"\[learner\] env steps ([\d,]+)/10,000,000 \[[#-]{20}\] +\d+% ETA (\S+) \| [\d,]+ steps/s"
     console.wait_for_match(r"\[learner\] env steps [\d,]+/10,000,000 \[[#-]{20}\] +\d+% ETA \d", timeout=120)
@@ -447,6 +440,14 @@ def test_sigterm_takes_the_run_down_and_keeps_what_was_learned(runs):
     figures = {f"system/{role}/{figure}" for role in ("learner", "collector0", "collector1")
                for figure in ("cpu_percent", "memory_mb")}
     wait_for(lambda: figures <= set(scalars(runs / "term")), timeout=60, what=f"{figures} in TensorBoard")
+    # Every process has joined (its figures came with its chunks), and so listens: the learner's store, and
+    # TensorPipe's listeners in the learner and both collectors.
+    pids = {int(line.split()[0]) for line in processes_of("term")}
+    pids |= {int(p) for pid in list(pids) for p in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True,
+                                                                  text=True).stdout.split()}
+    addresses = listening(pids)
+    assert len(addresses) >= 4, addresses
+    assert all(a.rsplit(":", 1)[0] in ("127.0.0.1", "[::ffff:127.0.0.1]") for a in addresses), addresses
     sent = time.monotonic()
     console.process.send_signal(signal.SIGTERM)
     code = console.finish(40)
@@ -467,9 +468,10 @@ def test_sigterm_takes_the_run_down_and_keeps_what_was_learned(runs):
 
 
 def test_a_dead_collector_takes_the_run_down_and_is_named(runs):
-    process = launch("local.sh", "configs/smoke.yaml", "run.name=dead", *LONG, "collectors.max_restarts=0")
-    victim = wait_for(lambda: [line.split()[0] for line in processes_of("dead") if "--local-index=1" in line],
-                      timeout=60, what="collector1 to start")
+    process = launch("local.sh", "configs/smoke.yaml", "run.name=dead", *LONG, "collectors.max_restarts=0",
+                     "collectors.count=1")
+    victim = wait_for(lambda: [line.split()[0] for line in processes_of("dead") if "--local-index=0" in line],
+                      timeout=60, what="collector0 to start")
     wait_for(lambda: (runs / "dead").exists() and scalars(runs / "dead").get("collector/env_steps_per_s"),
              timeout=60, what="data to reach the learner")
     killed = time.monotonic()
@@ -477,6 +479,6 @@ def test_a_dead_collector_takes_the_run_down_and_is_named(runs):
     code, output = finish(process, timeout=40)
     assert time.monotonic() - killed < 30
     assert code != 0
-    assert "local: collector1 died (killed by SIGKILL)" in output
+    assert "local: collector0 died (killed by SIGKILL)" in output
     assert not processes_of("dead")
     assert list((runs / "dead" / "checkpoints").glob("checkpoint_*.pt"))

@@ -101,6 +101,26 @@ def test_play_sh_reports_the_score_of_the_episode_in_its_video_though_another_en
             "episode's)") in out
 
 
+@pytest.mark.parametrize("args, error", [
+    (["--video", "x.avi"], "--video must name a .mp4 or .gif file, got 'x.avi'"),
+    (["--episodes", "0"], "--episodes must be >= 1, got 0"),
+    (["--epsilon", "2"], "--epsilon must be in [0, 1], got 2.0"),
+    (["--video", "x.gif", "--video-max-steps", "0"], "--video-max-steps must be >= 1, got 0"),
+    (["--best"], "--best takes a run folder, not a checkpoint file ({checkpoint})"),
+])
+def test_play_refuses_bad_arguments_with_its_usage_and_exit_2(tmp_path, capsys, args, error):
+    """./launch/play.sh's refusals of its arguments (its launcher's one line and exit code 2 for a path that is not
+    there: tests/test_end_to_end.py)."""
+    checkpoint = tmp_path / "checkpoint_000000001.pt"
+    checkpoint.write_bytes(b"")   # a file, not a checkpoint: the arguments are refused before it would be read
+    with pytest.raises(SystemExit) as exited:
+        main([str(checkpoint), *args])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: ./launch/play.sh ") and "Traceback" not in err, err
+    assert err.splitlines()[-1] == "./launch/play.sh: error: " + error.format(checkpoint=checkpoint), err
+
+
 def test_a_screened_round_plays_on_only_where_its_first_episodes_reached_the_screen_score():
     # The screen: 2 episodes on 2 envs, 3 and 5 (mean 4). The rest: 3 episodes on 2 more envs, 2 and 1 at once and
     # 12 after the 1-step one; the 4-step episode that follows the 2-step one does not count.

@@ -1,5 +1,7 @@
 """Faults with real processes, real Atari and real RPC: a collector killed or hung and replaced while the learner
-trains on, a learner killed and its run resumed, and every listening socket of a run on loopback only."""
+trains on, a learner killed and its run resumed (all slow), and a multi-node learner that names no interface, or one
+the node lacks, refused at start. (A collector node stopped by SIGINT, and the sockets a run listens on:
+tests/test_end_to_end.py.)"""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import time
 
 import pytest
 import torch
-from test_end_to_end import LONG, ROOT, Console, launch, points, processes_of, scalars, wait_for
+from test_end_to_end import LONG, ROOT, Console, launch, points, processes_of, scalars, wait_for, wall_time
 
 from rl_dqn.supervisor import free_port
 
@@ -40,11 +42,6 @@ def wait_for_training(run_dir) -> None:
     wait_for(lambda: len(scalars(run_dir).get("learner/loss", [])) >= 2, timeout=60, what="training")
 
 
-def wall_time(monotonic: float) -> float:
-    """time.time() at a time.monotonic() reading: when a console line came, on TensorBoard's clock."""
-    return time.time() - (time.monotonic() - monotonic)
-
-
 def end_with_sigterm(console: Console, runs, run: str) -> dict:
     console.process.send_signal(signal.SIGTERM)
     assert console.finish(40) == 128 + signal.SIGTERM, console.text[-3000:]
@@ -52,6 +49,7 @@ def end_with_sigterm(console: Console, runs, run: str) -> dict:
     return json.loads((runs / run / "summary.json").read_text())
 
 
+@pytest.mark.slow
 def test_a_killed_collector_is_replaced_while_the_learner_trains_on(runs):
     # A linear epsilon schedule: the new process must take it up where the run stands, not from its start.
     console = Console(launch("local.sh", "configs/smoke.yaml", "run.name=kill", *LONG, "collectors.exploration=linear",
@@ -98,6 +96,7 @@ def test_a_killed_collector_is_replaced_while_the_learner_trains_on(runs):
     assert 1 in alive and 2 in alive[alive.index(1):], alive
 
 
+@pytest.mark.slow
 def test_a_hung_collector_is_dropped_and_replaced_when_it_wakes(runs):
     """SIGSTOP: the learner's ping times out (5 s quiet + transport.rpc_timeout_s); it trains on with the other
     collector. Woken up, the dropped process learns from its next answer that it is out, exits, and is replaced."""
@@ -135,12 +134,15 @@ def env_steps_of(checkpoint) -> int:
     return torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)["counters"]["env_steps"]
 
 
+@pytest.mark.slow
 def test_learner_death_then_resume_continues_the_run(runs):
-    """kill -9 the learner of a two-node run: its collectors notice and exit cleanly within 30 s. Started again with
-    run.resume=true, the learner continues from its last checkpoint: counters, replay and curves go on. (The run is
-    killed long before its train.total_env_steps; the resumed part is given one a little beyond where the run had
-    come, and ends there by itself.)"""
-    cluster, _ = two_nodes("resume", "learner.checkpoint_every_updates=40", "eval.every_env_steps=0", *LONG)
+    """kill -9 the learner of a two-node run (a learner node and a collector node, of one collector): its collector
+    notices and exits cleanly within 30 s. Started again with run.resume=true, the learner continues from its last
+    checkpoint: counters, replay and curves go on. (The run is killed long before its train.total_env_steps; the
+    resumed part is given one a little beyond where the run had come, and ends there by itself: both nodes exit
+    0.)"""
+    cluster, _ = two_nodes("resume", "learner.checkpoint_every_updates=40", *LONG, "cluster.world_size=2",
+                           "collectors.count=1")
     learner = Console(launch("learner.sh", "configs/smoke.yaml", *cluster))
     collectors = Console(launch("collector.sh", "configs/smoke.yaml", *cluster, "cluster.rank=1"))
     checkpoints = runs / "resume" / "checkpoints"
@@ -190,64 +192,18 @@ def test_learner_death_then_resume_continues_the_run(runs):
     assert not processes_of("resume")
 
 
-def test_sigint_on_a_collector_node_ends_it_and_the_learner_trains_on(runs):
-    cluster, _ = two_nodes("sigint", *LONG)
+@pytest.mark.slow   # a launcher's refusal; the same refusals are checked fast in test_config.py
+def test_a_multi_node_learner_refuses_an_interface_the_node_lacks(runs):
+    cluster, _ = two_nodes("iface", *LONG)
+    cluster = [c if not c.startswith("cluster.interface") else "cluster.interface=nosuch0" for c in cluster]
     learner = Console(launch("learner.sh", "configs/smoke.yaml", *cluster))
-    collectors = Console(launch("collector.sh", "configs/smoke.yaml", *cluster, "cluster.rank=1"))
-    # Both collectors joined first (they say so once the learner's answer came): a node stopped before its collectors
-    # join leaves nothing for the learner to see.
-    collectors.wait_for("[collector0] acting in", timeout=90)
-    collectors.wait_for("[collector1] acting in", timeout=30)
-    sent = time.monotonic()
-    collectors.process.send_signal(signal.SIGINT)
-    assert collectors.finish(40) == 128 + signal.SIGINT and time.monotonic() - sent < 30
-    learner.wait_for("[learner] collector0 left", timeout=10)
-    learner.wait_for("[learner] collector1 left", timeout=10)
-    learner.process.send_signal(signal.SIGINT)
-    assert learner.finish(40) == 0, learner.text[-3000:]
-    assert list((runs / "sigint" / "checkpoints").glob("checkpoint_*.pt"))
-    assert not processes_of("sigint")
+    assert learner.finish(60) == 2
+    assert "config error: cluster.interface: no IPv4 address on interface 'nosuch0'; this node has " in learner.text
 
 
-def listening(pids: set[int]) -> list[str]:
-    """Local addresses of the TCP sockets these processes listen on (from `ss`)."""
-    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
-    return [line.split()[3] for line in out.splitlines() if any(f"pid={p}," in line for p in pids)]
-
-
-def test_a_one_node_run_listens_on_loopback_only(runs):
-    console = Console(launch("local.sh", "configs/smoke.yaml", "run.name=ports", *LONG))
-    for index in (0, 1):   # every process has joined, and so listens, before the sockets are listed
-        console.wait_for(f"[collector{index}] acting in", timeout=90)
-    pids = {int(line.split()[0]) for line in processes_of("ports")}
-    pids |= {int(p) for pid in list(pids) for p in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True,
-                                                                  text=True).stdout.split()}
-    addresses = listening(pids)
-    # The learner's store, and TensorPipe's listeners in the learner and both collectors.
-    assert len(addresses) >= 4, addresses
-    assert all(a.rsplit(":", 1)[0] in ("127.0.0.1", "[::ffff:127.0.0.1]") for a in addresses), addresses
-    end_with_sigterm(console, runs, "ports")
-
-
-@pytest.mark.parametrize("interface", ["lo", "nosuch0"])
-def test_a_multi_node_learner_listens_on_the_named_interface_only(runs, interface):
-    cluster, port = two_nodes(f"iface-{interface}", *LONG)
-    cluster = [c if not c.startswith("cluster.interface") else f"cluster.interface={interface}" for c in cluster]
-    learner = Console(launch("learner.sh", "configs/smoke.yaml", *cluster))
-    if interface == "nosuch0":
-        assert learner.finish(60) == 2
-        assert "config error: cluster.interface: no IPv4 address on interface 'nosuch0'; this node has " \
-            in learner.text
-        return
-    learner.wait_for("waiting for 2 collectors", timeout=60)
-    addresses = wait_for(lambda: [a for a in listening({learner.process.pid}) if a.endswith(f":{port}")] and
-                         listening({learner.process.pid}), timeout=30, what="the store to listen")
-    assert all(a.startswith("127.0.0.1:") for a in addresses), addresses
-    learner.process.send_signal(signal.SIGTERM)
-    assert learner.finish(40) == 0
-
-
+@pytest.mark.slow   # a launcher's refusal; the same refusals are checked fast in test_config.py
 def test_a_multi_node_run_must_name_its_interface():
     result = subprocess.run([str(ROOT / "launch" / "learner.sh"), "configs/smoke.yaml", "cluster.world_size=3",
-                             "cluster.init_method=tcp://127.0.0.1:29500"], cwd=ROOT, capture_output=True, text=True)
+                             "cluster.init_method=tcp://127.0.0.1:29500"], cwd=ROOT, capture_output=True, text=True,
+                            env=dict(os.environ, RL_DQN_PYTHON=sys.executable))
     assert result.returncode == 2 and result.stderr.startswith("rl_dqn: config error: cluster.interface: must name")

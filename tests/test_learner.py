@@ -7,12 +7,18 @@ from __future__ import annotations
 import collections
 import json
 import queue
+import re
 import threading
 import time
 from typing import NamedTuple
 
+import pytest
 import torch
 from chain import chain_chunk, make_learner
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.custom_scalar.layout_pb2 import Layout
+from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+from test_end_to_end import TAGS, summaries_of
 
 from rl_dqn.evaluate import EvalResult, load_player
 from rl_dqn.transport import Change, LearnerEndpoint, Membership, Standing
@@ -81,7 +87,8 @@ def test_the_loop_takes_every_chunk_in_order_trains_at_the_ratio_and_ends_at_the
     """Two collectors of 5 chunks each (600 env steps, the run's total), one of them also sending a bad chunk and
     then lost: every chunk enters replay, none is answered twice, the bad one is refused and counted, the updates
     are the replay ratio's, weights go out with rising versions, the loss is reported, and the run ends at its total
-    with its summary."""
+    with its summary, its last progress line and the dashboard's figures (as the smoke run in test_end_to_end.py
+    shows them from real processes)."""
     learner = make_learner(tmp_path, "train.total_env_steps=600", "train.replay_ratio=2", "eval.every_env_steps=0",
                            "learner.publish_every_updates=5")
     bad = chain_chunk(1, 9, episodes=10)._replace(actions=torch.full((30, 2), 7))
@@ -101,12 +108,26 @@ def test_the_loop_takes_every_chunk_in_order_trains_at_the_ratio_and_ends_at_the
     assert any(c is bad for c, _ in endpoint.answered)   # refused: answered at once
     assert learner.trainer.updates == 2 * (600 - 64) // 32
     assert endpoint.published == list(range(len(endpoint.published))) and len(endpoint.published) > 3
-    assert "[learner] collector1 lost: it died; training goes on" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "[learner] collector1 lost: it died; training goes on" in out
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["ended"] == "total_env_steps" and summary["env_steps"] == 600
     assert {name: c["chunks"] for name, c in summary["collectors"].items()} == {"collector0": 5, "collector1": 5}
     assert summary["lost_collectors"] == {"collector1": "it died"}
     assert summary["rejected_chunks"] == {"action out of range 0..1": 1}
+    # The progress line, at the least as the run closes: done, a full bar, no ETA.
+    assert re.search(r"\[learner\] env steps 600/600 \[#{20}\] 100% ETA - \| [\d,]+ steps/s \| .* updates/s", out), out
+    # The dashboard: every tag, the config as HParams, score against env steps and wall time side by side.
+    events = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0})
+    events.Reload()
+    for tag in TAGS:
+        assert events.Scalars(tag), f"TensorBoard tag {tag} holds no value"
+    hparams = [HParamsPluginData.FromString(v.metadata.plugin_data.content) for v in summaries_of(tmp_path, "hparams")]
+    session = next(d.session_start_info for d in hparams if d.HasField("session_start_info"))
+    assert session.hparams["train.lr"].number_value == pytest.approx(1e-3)
+    layout = Layout.FromString(summaries_of(tmp_path, "custom_scalars")[0].tensor.string_val[0])
+    score = next(c for c in layout.category if c.title == "score")
+    assert [chart.title for chart in score.chart] == ["score vs env steps", "score vs wall time (s)"]
 
 
 

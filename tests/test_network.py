@@ -263,6 +263,7 @@ print(describe_precision("bf16", "cpu")[1])
 """
 
 
+@pytest.mark.slow   # three fresh interpreters
 def test_auto_precision_is_float32_on_a_cpu_without_fast_bfloat16_and_an_explicit_bf16_warns():
     for narrowed, shown in (({"ATEN_CPU_CAPABILITY": "avx2"}, "PyTorch uses AVX2 on this CPU"),
                             ({"ONEDNN_MAX_CPU_ISA": "AVX2"}, "ONEDNN_MAX_CPU_ISA=AVX2"),

@@ -1,4 +1,6 @@
-"""Transport contract: the same scenarios run over every transport kind, with real processes and real RPC."""
+"""Transport contract: the same scenarios run over every transport kind, with real processes and real RPC. The main
+contract over the CPU transport is in the fast tests (`-m "not slow"`); the faults, which wait out RPC timeouts, are
+marked slow, as their causes' handling is also driven in memory (test_learner.py, test_intake.py)."""
 
 from __future__ import annotations
 
@@ -82,6 +84,7 @@ def test_chunks_answers_throttle_weights_and_stop(kind):
     assert by[("learner", "lost")] == {}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_collector_notices_a_dead_learner(kind):
     port = free_port()
@@ -94,6 +97,7 @@ def test_collector_notices_a_dead_learner(kind):
     assert by[("collector0", "closed")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_collector_notices_a_hung_learner(kind):
     """A learner that stops answering (SIGSTOP) is found by the ping within a few transport.rpc_timeout_s (1 s)."""
@@ -121,6 +125,7 @@ def test_collector_notices_a_hung_learner(kind):
                 p.kill()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_killed_collectors_replacement_gets_chunks_through_and_new_weights(kind):
     """A collector killed with SIGKILL is forgotten and a new process takes its slot; the learner's next weights
@@ -158,6 +163,7 @@ def test_a_killed_collectors_replacement_gets_chunks_through_and_new_weights(kin
     assert changes[:2] == ["joined", "lost"] and changes.count("joined") == 2, changes
 
 
+@pytest.mark.slow
 def test_bad_chunks_are_refused_counted_and_replay_stays_intact(tmp_path, monkeypatch):
     """A real learner takes a good chunk, refuses each kind of bad one (counted once per cause), never crashes, and
     takes the next good chunk into the same place in replay as if the bad ones had not come."""
@@ -184,6 +190,7 @@ def test_bad_chunks_are_refused_counted_and_replay_stays_intact(tmp_path, monkey
     assert by[("learner", "replay frames")] == [0.0] * rpc_scenarios.T + [5.0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_collector_that_joins_before_the_first_publish_gets_those_weights(kind):
     port = free_port()
