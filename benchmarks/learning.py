@@ -1,8 +1,8 @@
 """Time to a score: runs a config through ./launch/local.sh for each seed and prints how long from launch it took
 to reach each score, and where the wall time went.
 
-    python benchmarks/learning.py CONFIG [--seeds 1,2,3] [--minutes 10] [--stop-at 18] [--scores 0,10,18]
-                                  [--prefix NAME] [--record BENCHMARK]
+    python benchmarks/learning.py CONFIG [--seeds 1,2,3] [--games Qbert,Pong] [--minutes 10] [--stop-at 18]
+                                  [--scores 0,10,18] [--prefix NAME] [--record BENCHMARK]
                                   [--kill-collector-at MIN | --kill-collector-at-env-steps N]
                                   [--kill-learner-at MIN | --kill-learner-at-env-steps N] [--downtime S]
                                   [section.key=value ...]
@@ -15,6 +15,12 @@ summary.json that launch wrote), or when this script stops it (SIGINT: a final c
 `--minutes` of wall time or as soon as an evaluation reaches `--stop-at`; one line says which. Time to a score is
 the run's clock from the launch of the command to the end of the first evaluation round whose mean score reached
 it, so start-up and evaluation are inside it.
+
+`--games` runs each seed of each Atari game in turn (games first, then seeds), each as `env.id=ALE/<Game>-v5`
+named <prefix>-<Game>-s<seed>, and ends with a table of the games: each seed's last evaluation (the score at the time
+limit) and best, beside the random and human scores and Dopamine's DQN and Rainbow at 10M frames, the mean's
+human-normalised score, and the Atari-5 estimate of the 57-game median once its five games have run
+(rl_dqn/atari_scores.py).
 
 A run that is refused (exit code 2: a config error, a resume with no checkpoint to resume from), or that fails by
 itself (its learner died without a summary, or ended on an error), is not resumed: this script resumes only the
@@ -64,7 +70,7 @@ sys.path.insert(0, str(ROOT))
 
 from rl_dqn.console import LAUNCHED_AT_ENV, duration  # noqa: E402
 from rl_dqn.plot import EvalPoint, PlotError, first_reaching, load_events, read_evals, score_list, table  # noqa: E402
-from rl_dqn.results import RESULTS, ResultsError, record  # noqa: E402
+from rl_dqn.results import RESULTS, GameRun, ResultsError, games_text, record  # noqa: E402
 from rl_dqn.supervisor import EXIT_BAD_INPUT  # noqa: E402
 
 POLL_S = 10.0
@@ -327,6 +333,8 @@ def main() -> int:
     parser.add_argument("config", help="e.g. configs/pong_cpu.yaml")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     parser.add_argument("--seeds", default="1", help="seeds, run one after another (default 1)")
+    parser.add_argument("--games", default="", help="Atari games, each run as env.id=ALE/<Game>-v5 for every seed, "
+                                                    "e.g. BattleZone,DoubleDunk,NameThisGame,Phoenix,Qbert")
     parser.add_argument("--minutes", type=float, default=10.0, help="wall minutes per run (default 10)")
     parser.add_argument("--stop-at", type=float, default=None, help="stop a run once an evaluation reaches this")
     parser.add_argument("--scores", type=score_list, default=[0.0, 10.0, 18.0], help="default 0,10,18")
@@ -354,13 +362,18 @@ def main() -> int:
         parser.error(f"--minutes must be > 0, got {args.minutes}")
     if not (ROOT / args.config).is_file() and not Path(args.config).is_file():
         parser.error(f"no such config: {args.config}")
+    games = _games(parser, args)
     faults = Faults(_kill_at(parser, args, "collector"), _kill_at(parser, args, "learner"), args.downtime)
     prefix = args.prefix or f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    # (name, its game or None, seed, the run's overrides), in the order they run.
+    plan = [(f"{prefix}-{game}-s{seed}" if game else f"{prefix}-s{seed}", game, seed,
+             [*args.overrides, f"env.id=ALE/{game}-v5"] if game else args.overrides)
+            for game in games or [None] for seed in seeds]
     # A run there would be refused (exit code 2), and so resumed, and timed, as if it were this seed's.
     if args.record and not (RESULTS / args.record / "benchmark.yaml").is_file():
         parser.error(f"--record {args.record}: no such benchmark in {_shown(RESULTS)} (a folder with a "
                      f"benchmark.yaml)")
-    taken = [folder for seed in seeds if _holds_a_run(folder := runs_dir() / f"{prefix}-s{seed}")]
+    taken = [folder for name, *_ in plan if _holds_a_run(folder := runs_dir() / name)]
     if taken:
         parser.exit(2, f"{parser.prog}: error: {', '.join(map(_shown, taken))} already "
                        f"{'holds a run' if len(taken) == 1 else 'hold runs'}; choose another --prefix\n")
@@ -371,17 +384,16 @@ def main() -> int:
     results: dict[str, list[EvalPoint]] = {}
     failed = False
     runs_dir().mkdir(parents=True, exist_ok=True)   # RL_DQN_RUNS_DIR may name a folder not made yet
-    for seed in seeds:
-        name = f"{prefix}-s{seed}"
+    for index, (name, game, seed, overrides) in enumerate(plan):
         folder = runs_dir() / name
-        outcome = run_one(args.config, seed, name, args.overrides, 60 * args.minutes, args.stop_at,
+        outcome = run_one(args.config, seed, name, overrides, 60 * args.minutes, args.stop_at,
                           runs_dir() / f"{name}.log", faults)
         launched, wall, interrupted = outcome.launched, outcome.wall_s, outcome.interrupted
         failed |= outcome.failed
-        later = seeds[seeds.index(seed) + 1:]
+        later = [later_name for later_name, *_ in plan[index + 1:]]
         if interrupted:
-            print(f"  interrupted {duration(wall)} from launch: seed {seed} stopped"
-                  + (f", seeds {','.join(map(str, later))} not run" if later else ""), flush=True)
+            print(f"  interrupted {duration(wall)} from launch: {name} stopped"
+                  + (f", {', '.join(later)} not run" if later else ""), flush=True)
         if outcome.failed and not any(folder.glob("events.out.tfevents.*")):   # refused: nothing to read back
             continue
         try:
@@ -410,7 +422,38 @@ def main() -> int:
         return 1
     print()
     print(table(results, args.scores))
+    if games:
+        played = [GameRun(game, seed, results[name], _env_steps(runs_dir() / name))
+                  for name, game, seed, _ in plan if name in results]
+        print()
+        print(games_text(played, games))
     return 130 if interrupted else 1 if failed else 0
+
+
+def _games(parser: argparse.ArgumentParser, args) -> list[str]:
+    """--games as a list of Atari game names, each one ALE has (ALE/<Game>-v5)."""
+    if not args.games:
+        return []
+    if any(o.startswith("env.id=") for o in args.overrides):
+        parser.error("--games sets env.id for each run; give the games there, not an env.id= override")
+    import ale_py
+    import gymnasium
+    gymnasium.register_envs(ale_py)
+    games = [g.strip() for g in args.games.split(",")]
+    unknown = [g for g in games if f"ALE/{g}-v5" not in gymnasium.registry]
+    if unknown:
+        parser.error(f"--games: no Atari game {', '.join(map(repr, unknown))} (ALE/<Game>-v5 as gymnasium "
+                     f"registers them, e.g. Pong, Breakout, Qbert, BattleZone)")
+    if len(set(games)) != len(games):
+        parser.error(f"--games names a game twice: {args.games}")
+    return games
+
+
+def _env_steps(run_dir: Path) -> int | None:
+    try:
+        return json.loads((run_dir / "summary.json").read_text())["env_steps"]
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def _kill_at(parser: argparse.ArgumentParser, args, role: str) -> Kill | None:

@@ -1,15 +1,17 @@
-"""The floor of each game's table row: raw scores of a uniformly random policy, with the training preprocessing.
+"""The floor of each game's table row: raw scores of a uniformly random policy, played as the evaluation plays.
 
-    python benchmarks/random_scores.py [--episodes 20] [--set section.key=value ...] [CONFIG ...]
+    python benchmarks/random_scores.py [--episodes 20] [--games Qbert,Pong] [--set section.key=value ...] [CONFIG ...]
 
 Plays `--episodes` whole episodes side by side per config (default: every Atari game config in configs/) with
-epsilon 1 and prints mean +- std, min and max of the raw game score. `--set` overrides apply to every config (e.g.
-`--set env.id=ALE/Breakout-v5` with configs/pong_cpu.yaml: that game under pong_cpu's protocol).
+epsilon 1 in the config's evaluation env (training's preprocessing, eval.max_episode_frames and
+eval.sticky_action_prob) and prints mean +- std, min and max of the raw game score. `--games` plays each game with
+each config (env.id=ALE/<Game>-v5); `--set` overrides apply to every config (e.g. `--set env.sticky_action_prob=0`).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import sys
 import time
 from pathlib import Path
@@ -23,6 +25,7 @@ from envs import make_vector_env  # noqa: E402
 from rl_dqn.config import load_config  # noqa: E402
 from rl_dqn.evaluate import play  # noqa: E402
 from rl_dqn.network import QNetwork  # noqa: E402
+from rl_dqn.results import RANDOM_COLUMNS, game_of  # noqa: E402
 
 GAME_CONFIGS = ["pong.yaml", "breakout.yaml", "space_invaders.yaml", "seaquest.yaml", "beam_rider.yaml"]
 
@@ -34,13 +37,19 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--set", action="append", default=[], metavar="section.key=value",
                         help="an override applied to every config")
+    parser.add_argument("--games", default="", help="Atari games, each played with every config, e.g. Qbert,Pong")
+    parser.add_argument("--csv", type=Path, default=None, metavar="PATH",
+                        help="also write the rows to this CSV (game, config, episodes, mean, std, min, max), e.g. "
+                             "results/atari_cpu/random.csv, which docs/results.md shows beside the games")
     args = parser.parse_args()
+    games = [g.strip() for g in args.games.split(",") if g.strip()]
     torch.set_num_threads(1)
     print(f"{'config':<22} {'game':<22} {'episodes':>8} {'score mean +- std':>20} {'min':>7} {'max':>7} "
           f"{'seconds':>8}")
-    for path in args.configs:
-        cfg = load_config(path, args.set)
-        env = make_vector_env(cfg.env, args.episodes, seed=args.seed)
+    rows = []
+    for path, game in [(path, game) for path in args.configs for game in games or [None]]:
+        cfg = load_config(path, [*args.set, *([f"env.id=ALE/{game}-v5"] if game else [])])
+        env = make_vector_env(cfg.eval_env, args.episodes, seed=args.seed)
         # Epsilon 1: the network is never consulted for the choice, only shaped for the env.
         network = QNetwork.for_env(env.spec.obs_shape, env.spec.num_actions, cfg.network, "cpu").eval()
         started = time.monotonic()
@@ -48,9 +57,15 @@ def main() -> int:
             scores = torch.tensor(play(env, network, args.episodes, 1.0, torch.Generator().manual_seed(args.seed)))
         finally:
             env.close()
+        rows.append([game_of(cfg.env.id), Path(path).name, args.episodes, f"{scores.mean():.2f}",
+                     f"{scores.std(unbiased=False):.2f}", f"{scores.min():.0f}", f"{scores.max():.0f}"])
         print(f"{Path(path).name:<22} {cfg.env.id:<22} {args.episodes:>8} "
               f"{f'{scores.mean():.1f} +- {scores.std(unbiased=False):.1f}':>20} {scores.min():>7.0f} "
               f"{scores.max():>7.0f} {time.monotonic() - started:>8.0f}", flush=True)
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            csv.writer(f).writerows([RANDOM_COLUMNS, *rows])
+        print(f"wrote {args.csv}")
     return 0
 
 

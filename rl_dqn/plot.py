@@ -150,6 +150,42 @@ def draw(runs: dict[str, list[EvalPoint]], out: Path, targets: list[float] = (),
     plt.close(figure)
 
 
+def draw_games(games: dict[str, dict[str, list[EvalPoint]]], out: Path, title: str = "") -> None:
+    """A grid of games, each its evaluation score against wall minutes from launch, every run of it drawn (its
+    label, e.g. `seed 2`, in the same colour in every game), into a PNG."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = min(4, len(games))
+    rows = -(-len(games) // columns)
+    figure, grid = plt.subplots(rows, columns, figsize=(3.6 * columns, 2.9 * rows), squeeze=False)
+    labels = sorted({label for runs in games.values() for label in runs})
+    colours = dict(zip(labels, itertools.cycle(plt.get_cmap("tab10").colors)))
+    for axes, (game, runs) in zip(grid.flat, games.items()):
+        for label, points in runs.items():
+            minutes = [p.seconds / 60 for p in points]
+            axes.plot(minutes, [p.mean for p in points], marker=".", markersize=4, label=label,
+                      color=colours[label])
+        axes.set_title(game, fontsize="medium")
+        axes.grid(alpha=0.3)
+        axes.tick_params(labelsize="small")
+    for axes in grid.flat[len(games):]:
+        axes.axis("off")
+    for axes in grid[-1]:
+        axes.set_xlabel("wall minutes from launch", fontsize="small")
+    for axes in grid[:, 0]:
+        axes.set_ylabel("evaluation score", fontsize="small")
+    handles = [plt.Line2D([], [], color=colours[label], marker=".") for label in labels]
+    figure.legend(handles, labels, loc="lower right", fontsize="small")
+    if title:
+        figure.suptitle(title)
+    figure.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, dpi=100)
+    plt.close(figure)
+
+
 def score_list(text: str) -> list[float]:
     """`0,10,18` as numbers, for an argparse type."""
     try:

@@ -25,7 +25,7 @@ from typing import NamedTuple
 import yaml
 
 from rl_dqn.console import OneLineParser, duration
-from rl_dqn.plot import EvalPoint, PlotError, draw, first_reaching, read_evals
+from rl_dqn.plot import EvalPoint, PlotError, draw, draw_games, first_reaching, read_evals
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
@@ -49,6 +49,15 @@ class Benchmark(NamedTuple):
     target: float | None  # the score drawn as a dashed line on the figure
     order: int            # its place on the page
     notes: dict[str, str]  # a line about a record, by its folder's name (e.g. what else ran on the machine)
+    games: list[str] = []  # a benchmark over Atari games (records told apart by env.id): the games, in table order
+
+
+class GameRun(NamedTuple):
+    """One seed of one game, as the table over games reads it."""
+    game: str                  # ALE's name, e.g. Qbert for ALE/Qbert-v5
+    seed: int
+    points: list[EvalPoint]    # its evaluation curve
+    env_steps: int | None      # the run's env steps at its end (summary.json)
 
 
 # ------------------------------------------------------------------------------------------------ recording
@@ -108,7 +117,8 @@ def benchmarks(results: Path = RESULTS) -> list[Benchmark]:
             data = yaml.safe_load(path.read_text())
             found.append(Benchmark(path.parent.name, data["title"], data["about"].strip(), data["command"].strip(),
                                    [float(s) for s in data.get("scores", [])], data.get("target"),
-                                   int(data.get("order", 100)), dict(data.get("notes") or {})))
+                                   int(data.get("order", 100)), dict(data.get("notes") or {}),
+                                   [str(g) for g in data.get("games") or []]))
         except (yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as e:
             raise ResultsError(f"{path}: {type(e).__name__}: {e}") from None
     return sorted(found, key=lambda b: (b.order, b.name))
@@ -152,10 +162,17 @@ def page(results: Path = RESULTS) -> tuple[str, dict[str, dict[str, list[EvalPoi
     for bench in benchmarks(results):
         parts += [f"## {bench.title}", "", bench.about, "", f"`{bench.command}`", ""]
         folders = records(bench, results)
+        if folders and bench.games:
+            played = {f: game_run(f) for f in folders}
+            parts += games_markdown(played, bench.games, results) + [""]
+            # By game, then by seed: rl_dqn.plot.draw_games draws them as a grid.
+            figures[bench.name] = {game: {f"seed {run.seed}": run.points for run in played.values()
+                                          if run.game == game} for game in _game_order(played.values(), bench.games)}
         if folders:
             parts += _table(bench, folders, results)
             parts += [""] + [f"- {name}: {note}" for name, note in bench.notes.items()] if bench.notes else []
-            figures[bench.name] = {f"seed {_config(f)['run']['seed']}": curve(f) for f in folders}
+            if not bench.games:
+                figures[bench.name] = {f"seed {_config(f)['run']['seed']}": curve(f) for f in folders}
             parts += ["", f"![{bench.title}: evaluation score against wall time and env steps, every record]"
                           f"(results/{bench.name}.png)", ""]
         earlier = results / bench.name / "earlier.md"
@@ -205,9 +222,120 @@ def write(results: Path = RESULTS, page_path: Path = PAGE, figures_dir: Path = F
     for name, curves in figures.items():
         bench = titles[name]
         out = figures_dir / f"{name}.png"
-        draw(curves, out, [bench.target] if bench.target is not None else [], bench.title)
+        if bench.games:
+            draw_games(curves, out, bench.title)
+        else:
+            draw(curves, out, [bench.target] if bench.target is not None else [], bench.title)
         written.append(out)
     return written
+
+
+# ------------------------------------------------------------------------------------------------ over games
+
+
+def game_of(env_id: str) -> str:
+    """ALE's name of a game from its env id: `ALE/Qbert-v5` -> `Qbert`."""
+    return env_id.split("/")[-1].rsplit("-v", 1)[0]
+
+
+def game_run(record_dir: Path) -> GameRun:
+    config = _config(record_dir)
+    return GameRun(game_of(config["env"]["id"]), int(config["run"]["seed"]), curve(record_dir),
+                   _json(record_dir / "summary.json").get("env_steps"))
+
+
+def _game_order(runs, games: list[str]) -> list[str]:
+    """`games` first, in their order, then any other game that ran, by name."""
+    played = {run.game for run in runs}
+    return [g for g in games if g in played] + sorted(played - set(games))
+
+
+def _score(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.1f}"
+
+
+GAMES_HEAD = ["game", "last evaluation (each seed)", "mean", "best (each seed)", "env steps (each seed)", "random",
+              "random here", "human", "Dopamine DQN", "Dopamine Rainbow", "human-normalised", "at or above Rainbow"]
+# A benchmark's random.csv (benchmarks/random_scores.py --csv): the random policy's scores, played as its runs evaluate.
+RANDOM_CSV = "random.csv"
+RANDOM_COLUMNS = ("game", "config", "episodes", "mean", "std", "min", "max")
+
+
+def random_here(folder: Path) -> dict[str, float]:
+    """The mean random-policy score of each game in `folder`'s random.csv, if it has one."""
+    if not (folder / RANDOM_CSV).is_file():
+        return {}
+    with open(folder / RANDOM_CSV, newline="") as f:
+        return {row["game"]: float(row["mean"]) for row in csv.DictReader(f)}
+
+
+def games_rows(runs: list[GameRun], games: list[str], link=None,
+               random: dict[str, float] | None = None) -> tuple[list[list[str]], str]:
+    """The table over games: a row per game, its seeds' last evaluation (the score at the run's end or time limit),
+    their mean, each seed's best and env steps, beside the random and human scores and Dopamine's agents at 10M
+    frames (rl_dqn.atari_scores), the random policy's score here (`random`, by game) where measured, the mean's
+    human-normalised score (percent) and whether it is at or above Rainbow's; and a line with the Atari-5 estimate
+    of the 57-game median. `link(run, text)` may wrap a seed's score (the page links it to its record)."""
+    from rl_dqn import atari_scores as ref
+    link = link or (lambda run, text: text)
+    random = random or {}
+    rows, means = [], {}
+    for game in _game_order(runs, games):
+        of_game = sorted((r for r in runs if r.game == game and r.points), key=lambda r: r.seed)
+        if not of_game:
+            continue
+        mean = sum(r.points[-1].mean for r in of_game) / len(of_game)
+        means[game] = mean
+        rainbow = ref.DOPAMINE_RAINBOW.get(game)
+        known = game in ref.RANDOM and game in ref.HUMAN
+        rows.append([
+            game,
+            " / ".join(link(r, f"{_score(r.points[-1].mean)} (s{r.seed})") for r in of_game),
+            _score(mean),
+            " / ".join(_score(max(p.mean for p in r.points)) for r in of_game),
+            " / ".join("-" if r.env_steps is None else f"{r.env_steps / 1e6:.2f}M" for r in of_game),
+            _score(ref.RANDOM.get(game)), _score(random.get(game)), _score(ref.HUMAN.get(game)),
+            _score(ref.DOPAMINE_DQN.get(game)), _score(rainbow),
+            f"{ref.human_normalized(game, mean):.1f}%" if known else "-",
+            "-" if rainbow is None else "yes" if mean >= rainbow else "no"])
+    return rows, _atari5_line(runs, means)
+
+
+def _atari5_line(runs: list[GameRun], means: dict[str, float]) -> str:
+    from rl_dqn import atari_scores as ref
+    missing = [g for g in ref.ATARI5 if g not in means]
+    if missing:
+        return (f"Atari-5 estimate of the median human-normalised score over 57 games: not yet (no run of "
+                f"{', '.join(missing)})")
+    by_seed = []
+    for seed in sorted({r.seed for r in runs}):
+        last = {r.game: r.points[-1].mean for r in runs if r.seed == seed and r.points}
+        if all(g in last for g in ref.ATARI5):
+            by_seed.append(f"seed {seed} {ref.atari5_median(last):.1f}%")
+    return (f"Atari-5 estimate of the median human-normalised score over 57 games: "
+            f"{ref.atari5_median(means):.1f}% from the means" + (f" ({', '.join(by_seed)})" if by_seed else ""))
+
+
+def games_text(runs: list[GameRun], games: list[str]) -> str:
+    """The table over games as aligned text, for a console."""
+    rows, atari5 = games_rows(runs, games)
+    widths = [max(len(r[i]) for r in [GAMES_HEAD, *rows]) for i in range(len(GAMES_HEAD))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [GAMES_HEAD, *rows]]
+    return "\n".join([*lines, atari5])
+
+
+def games_markdown(played: dict[Path, GameRun], games: list[str], results: Path) -> list[str]:
+    """The table over games as Markdown, each seed's score linked to its record."""
+    folders = {id(run): folder for folder, run in played.items()}
+
+    def link(run: GameRun, text: str) -> str:
+        return f"[{text}](../{folders[id(run)].relative_to(results.parent).as_posix()}/)"
+    bench_folder = next(iter(played)).parent
+    rows, atari5 = games_rows(list(played.values()), games, link, random_here(bench_folder))
+    return ["| " + " | ".join(GAMES_HEAD) + " |", "|" + "-|" * len(GAMES_HEAD),
+            *["| " + " | ".join(row) + " |" for row in rows], "", atari5]
 
 
 def main(argv: list[str] | None = None) -> int:

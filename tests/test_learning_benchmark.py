@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rl_dqn.plot import read_evals
 
@@ -195,17 +196,17 @@ def test_an_interrupt_between_a_killed_learner_and_its_resumption_ends_the_bench
 
 
 @pytest.mark.slow
-def test_a_run_that_ends_at_its_own_stop_score_ends_its_seed_kills_nothing_and_the_next_one_runs(tmp_path):
+def test_a_run_that_ends_at_its_own_stop_score_ends_kills_nothing_and_the_next_game_runs(tmp_path):
     """configs/pong_cpu.yaml ends a run at its first evaluation of 18 (eval.stop_score). Here only the run's own
     eval.stop_score, which every round reaches, is set, and no --stop-at: the run ends itself (its summary says so,
-    and the benchmark stopped nothing), its seed ends with its time to the score, it is not taken for a crash
-    (nothing resumed), and the next seed runs. Each run ends long before the learner's kill at 4 minutes and never
-    reaches the collector's at 50,000 env steps: the benchmark says so for each, kills nothing and does not wait
-    for the kill's time. (A run that ended at its train.total_env_steps is not resumed either:
-    test_the_learning_benchmark_kills_resumes_and_reports_time_to_a_score.)"""
+    and the benchmark stopped nothing), it ends with its time to the score, it is not taken for a crash (nothing
+    resumed), and the next run, the next of --games, runs. Each run ends long before the learner's kill at 4 minutes
+    and never reaches the collector's at 50,000 env steps: the benchmark says so for each, kills nothing and does
+    not wait for the kill's time. The games' table ends the output. (A run that ended at its train.total_env_steps
+    is not resumed either: test_the_learning_benchmark_kills_resumes_and_reports_time_to_a_score.)"""
     started = time.monotonic()
     result = subprocess.run(
-        [*BENCHMARK, "--prefix", "own", "--seeds", "1,2", "--minutes", "6", "--kill-learner-at", "4",
+        [*BENCHMARK, "--prefix", "own", "--games", "Pong,Breakout", "--minutes", "6", "--kill-learner-at", "4",
          "--kill-collector-at-env-steps", "50000", "--downtime", "2", "--scores", "-21",
          "train.total_env_steps=1000000", "eval.stop_score=-21", "eval.video=false", *ONE, *SOON],
         cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=400)
@@ -220,12 +221,33 @@ def test_a_run_that_ends_at_its_own_stop_score_ends_its_seed_kills_nothing_and_t
     assert len(re.findall(r"the run ended \S+ from launch, before the collector's scheduled kill at 50,000 env "
                           r"steps: the collector was not killed", out)) == 2, out
     assert "killed the" not in out, out
-    for seed in (1, 2):
-        summary = json.loads((tmp_path / f"own-s{seed}/summary.json").read_text())
+    for game in ("Pong", "Breakout"):
+        run = tmp_path / f"own-{game}-s1"
+        summary = json.loads((run / "summary.json").read_text())
         assert summary["ended"] == "stop_score" and 0 < summary["env_steps"] < 1_000_000, summary
-        _assert_evaluated(tmp_path / f"own-s{seed}")
-    rows = [line for line in out.splitlines() if line.startswith("own-s")]   # the table: each seed's time to -21
-    assert [row.split()[0] for row in rows] == ["own-s1", "own-s2"] and "not reached" not in "".join(rows), out
+        assert yaml.safe_load((run / "config.yaml").read_text())["env"]["id"] == f"ALE/{game}-v5"
+        _assert_evaluated(run)
+    rows = [line for line in out.splitlines() if line.startswith("own-")]   # the table: each run's time to -21
+    assert [row.split()[0] for row in rows] == ["own-Pong-s1", "own-Breakout-s1"] and "not reached" not in "".join(
+        rows), out
+    games = out[out.index("\ngame "):].splitlines()[1:]
+    assert [row.split()[0] for row in games[:2]] == ["Pong", "Breakout"], out
+    assert games[2] == ("Atari-5 estimate of the median human-normalised score over 57 games: not yet (no run of "
+                        "BattleZone, DoubleDunk, NameThisGame, Phoenix, Qbert)"), out
+
+
+@pytest.mark.parametrize("args, error", [
+    (["--games", "Pong,Qbertt"], "--games: no Atari game 'Qbertt' (ALE/<Game>-v5 as gymnasium registers them, e.g. "
+                                 "Pong, Breakout, Qbert, BattleZone)"),
+    (["--games", "Pong", "env.id=ALE/Qbert-v5"], "--games sets env.id for each run; give the games there, not an "
+                                                 "env.id= override"),
+    (["--games", "Pong,Pong"], "--games names a game twice: Pong,Pong"),
+])
+def test_games_that_cannot_run_are_refused_in_one_line_before_anything_runs(tmp_path, args, error):
+    result = subprocess.run([*BENCHMARK, "--prefix", "bad", *args], cwd=ROOT, env=_env(tmp_path),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and result.stderr.splitlines()[-1].endswith(f"error: {error}"), result.stderr
+    assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -26,16 +27,19 @@ target: 18
 """
 
 
-def finished_run(runs: Path, name: str, seed: int, rounds: list[tuple[int, float, float, float, int]]) -> Path:
+def finished_run(runs: Path, name: str, seed: int, rounds: list[tuple[int, float, float, float, int]],
+                 config: str = "pong_cpu.yaml", game: str = "") -> Path:
     """A run folder as a finished run leaves it: config.yaml, run.json, summary.json and TensorBoard events with its
     evaluation rounds (env steps, seconds from launch, mean, std, episodes)."""
     folder = runs / name
     folder.mkdir(parents=True)
-    save_config(load_config(ROOT / "configs/pong_cpu.yaml", [f"run.name={name}", f"run.seed={seed}"]),
+    save_config(load_config(ROOT / "configs" / config, [f"run.name={name}", f"run.seed={seed}",
+                                                         *([f"env.id=ALE/{game}-v5"] if game else [])]),
                 folder / "config.yaml")
     (folder / "run.json").write_text(json.dumps({"commit": "0123456789abcdef", "dirty": False,
                                                  "machine": {"cpu": "A CPU", "cores": 2, "amx": True, "gpus": []}}))
-    (folder / "summary.json").write_text(json.dumps({"ended": "stop_score", "env_steps_per_s_training": 912.4}))
+    (folder / "summary.json").write_text(json.dumps({"ended": "stop_score", "env_steps_per_s_training": 912.4,
+                                                     "env_steps": rounds[-1][0] + 1_234}))
     writer = SummaryWriter(str(folder))
     for env_steps, seconds, mean, std, episodes in rounds:
         writer.add_scalar("eval/episode_return", mean, env_steps)
@@ -88,6 +92,70 @@ def test_runs_reported_before_records_keep_their_table_marked_as_such(store):
     text, figures = results.page(store / "results")
     assert "Reported before records existed" in text and "| 6 | 8m11s |" in text
     assert figures == {} and "pong_here.png" not in text
+
+
+GAMES_BENCHMARK = """title: Atari somewhere
+about: >
+  Games.
+command: python benchmarks/learning.py configs/atari_cpu.yaml --games Qbert,Pong --record atari_here
+games: [BattleZone, DoubleDunk, NameThisGame, Phoenix, Qbert, Pong]
+"""
+
+
+def test_a_benchmark_over_games_has_a_row_per_game_beside_the_reference_scores_and_the_atari5_estimate(store):
+    from rl_dqn import atari_scores as ref
+    (store / "results/atari_here").mkdir()
+    (store / "results/atari_here/benchmark.yaml").write_text(GAMES_BENCHMARK)
+    (store / "results/atari_here/random.csv").write_text("game,config,episodes,mean,std,min,max\n"
+                                                         "Qbert,atari_cpu.yaml,20,151.25,60.1,0,300\n")
+    last = {("Qbert", 1): 3000.0, ("Qbert", 2): 5000.0, ("Pong", 1): 15.2, ("Seaquest", 1): 400.0}
+    for (game, seed), score in last.items():
+        run = finished_run(store / "runs", f"a-{game}-s{seed}", seed,
+                           [(100_000, 300.0, score / 2, 1.0, 10), (200_000, 600.0, score, 1.0, 10)], "atari_cpu.yaml",
+                           game)
+        results.record(run, "atari_here", store / "results")
+    text, figures = results.page(store / "results")
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
+            for line in text.splitlines() if line.startswith("| ") and not line.startswith("| game")
+            and not line.startswith("| [") and not line.startswith("| run")}
+    # In the benchmark's order, then the games it does not list; one seed's score links to its record.
+    assert list(rows) == ["Qbert", "Pong", "Seaquest"]
+    qbert = rows["Qbert"]
+    assert qbert[1] == ("[3,000 (s1)](../results/atari_here/a-Qbert-s1/) / "
+                        "[5,000 (s2)](../results/atari_here/a-Qbert-s2/)")
+    assert qbert[2:5] == ["4,000", "3,000 / 5,000", "0.20M / 0.20M"]
+    assert qbert[5:10] == [f"{ref.RANDOM['Qbert']:,.0f}", "151", f"{ref.HUMAN['Qbert']:,.0f}",
+                           f"{ref.DOPAMINE_DQN['Qbert']:,.0f}", f"{ref.DOPAMINE_RAINBOW['Qbert']:,.0f}"]
+    hns = 100 * (4000 - ref.RANDOM["Qbert"]) / (ref.HUMAN["Qbert"] - ref.RANDOM["Qbert"])
+    assert qbert[10] == f"{hns:.1f}%" and qbert[11] == ("yes" if 4000 >= ref.DOPAMINE_RAINBOW["Qbert"] else "no")
+    assert rows["Pong"][6] == "-"   # random.csv has no row for it
+    assert rows["Pong"][10] == f"{100 * (15.2 - ref.RANDOM['Pong']) / (ref.HUMAN['Pong'] - ref.RANDOM['Pong']):.1f}%"
+    assert rows["Seaquest"][5:] == ["-"] * 7   # no reference scores for it
+    assert ("Atari-5 estimate of the median human-normalised score over 57 games: not yet (no run of BattleZone, "
+            "DoubleDunk, NameThisGame, Phoenix)") in text
+    # Every record also has its row in the table of runs; the figure is a grid of the games, seeds by label.
+    assert "| [a-Qbert-s2](../results/atari_here/a-Qbert-s2/) | 2 |" in text
+    assert figures["atari_here"] == {"Qbert": {"seed 1": results.curve(store / "results/atari_here/a-Qbert-s1"),
+                                               "seed 2": results.curve(store / "results/atari_here/a-Qbert-s2")},
+                                     "Pong": {"seed 1": results.curve(store / "results/atari_here/a-Pong-s1")},
+                                     "Seaquest": {"seed 1": results.curve(store / "results/atari_here/a-Seaquest-s1")}}
+    results.write(store / "results", store / "docs/results.md", store / "docs/results")
+    assert (store / "docs/results/atari_here.png").stat().st_size > 1000
+
+
+def test_the_atari5_estimate_comes_from_each_seed_that_ran_all_five_games_and_from_the_means():
+    from rl_dqn import atari_scores as ref
+    human = {game: ref.HUMAN[game] for game in ref.ATARI5}
+    runs = [results.GameRun(game, 1, [results.EvalPoint(100, 1.0, score, 0.0)], 100) for game, score in human.items()]
+    runs += [results.GameRun(game, 2, [results.EvalPoint(100, 1.0, ref.RANDOM[game], 0.0)], 100) for game in human]
+    runs.append(results.GameRun("Qbert", 3, [results.EvalPoint(100, 1.0, ref.HUMAN["Qbert"], 0.0)], 100))
+    _, line = results.games_rows(runs, list(ref.ATARI5))
+    # Seed 1 plays at human level (100% on each game), seed 2 at random (0%); seed 3 ran one game only.
+    at_human = 10 ** (sum(ref.ATARI5.values()) * math.log10(101)) - 1
+    means = {game: (human[game] + ref.RANDOM[game] + (human[game] if game == "Qbert" else 0)) /
+             (3 if game == "Qbert" else 2) for game in human}
+    assert line == (f"Atari-5 estimate of the median human-normalised score over 57 games: "
+                    f"{ref.atari5_median(means):.1f}% from the means (seed 1 {at_human:.1f}%, seed 2 0.0%)")
 
 
 def test_the_repositorys_results_page_is_the_one_its_records_give():
