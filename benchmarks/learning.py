@@ -243,6 +243,7 @@ class EnvSteps:
 
 def _kill(name: str, role: str) -> int | None:
     """SIGKILLs the run's learner, or its collector0; returns its pid, or None where there is no such process."""
+    name = re.sub(r"([.\[\](){}*+?|^$\\])", r"\\\1", name)   # pgrep's extended regex: a run name's dot or plus as such
     pattern = f"rl_dqn learner .*run.name={name}( |$)" if role == "learner" else \
         f"rl_dqn collector .*run.name={name} .*--local-index=0"
     pids = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
