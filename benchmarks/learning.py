@@ -338,7 +338,8 @@ def main() -> int:
                                                     "e.g. BattleZone,DoubleDunk,NameThisGame,Phoenix,Qbert")
     parser.add_argument("--minutes", type=float, default=10.0, help="wall minutes per run (default 10)")
     parser.add_argument("--stop-at", type=float, default=None, help="stop a run once an evaluation reaches this")
-    parser.add_argument("--scores", type=score_list, default=[0.0, 10.0, 18.0], help="default 0,10,18")
+    parser.add_argument("--scores", type=score_list, default=None,
+                        help="scores whose time the table gives (default 0,10,18, Pong's; none with --games)")
     for role, who, then in (("collector", "collector0", " (its launcher starts a new one)"),
                             ("learner", "the learner", ", then resume the run")):
         group = parser.add_mutually_exclusive_group()
@@ -364,6 +365,8 @@ def main() -> int:
     if not (ROOT / args.config).is_file() and not Path(args.config).is_file():
         parser.error(f"no such config: {args.config}")
     games = _games(parser, args)
+    if args.scores is None:
+        args.scores = [] if games else [0.0, 10.0, 18.0]
     faults = Faults(_kill_at(parser, args, "collector"), _kill_at(parser, args, "learner"), args.downtime)
     prefix = args.prefix or f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     # (name, its game or None, seed, the run's overrides), in the order they run.

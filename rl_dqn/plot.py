@@ -150,19 +150,27 @@ def draw(runs: dict[str, list[EvalPoint]], out: Path, targets: list[float] = (),
     plt.close(figure)
 
 
-def draw_games(games: dict[str, dict[str, list[EvalPoint]]], out: Path, title: str = "") -> None:
+def draw_games(games: dict[str, dict[str, list[EvalPoint]]], out: Path, title: str = "",
+               levels: dict[str, dict[str, float]] | None = None) -> None:
     """A grid of games, each its evaluation score against wall minutes from launch, every run of it drawn (its
-    label, e.g. `seed 2`, in the same colour in every game), into a PNG."""
+    label, e.g. `seed 2`, in the same colour in every game), and each game's `levels` (by name, e.g. another
+    agent's score) as grey lines of their own dash, into a PNG."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     columns = min(4, len(games))
     rows = -(-len(games) // columns)
-    figure, grid = plt.subplots(rows, columns, figsize=(3.6 * columns, 2.9 * rows), squeeze=False)
+    figure, grid = plt.subplots(rows, columns, figsize=(max(3.6 * columns, 7.0), 2.9 * rows + 0.6), squeeze=False,
+                                layout="constrained")
     labels = sorted({label for runs in games.values() for label in runs})
     colours = dict(zip(labels, itertools.cycle(plt.get_cmap("tab10").colors)))
+    levels = levels or {}
+    level_names = sorted({name for of_game in levels.values() for name in of_game})
+    dashes = dict(zip(level_names, itertools.cycle(["--", ":", "-."])))
     for axes, (game, runs) in zip(grid.flat, games.items()):
+        for name, value in levels.get(game, {}).items():
+            axes.axhline(value, color="grey", linestyle=dashes[name], linewidth=0.9)
         for label, points in runs.items():
             minutes = [p.seconds / 60 for p in points]
             axes.plot(minutes, [p.mean for p in points], marker=".", markersize=4, label=label,
@@ -177,10 +185,11 @@ def draw_games(games: dict[str, dict[str, list[EvalPoint]]], out: Path, title: s
     for axes in grid[:, 0]:
         axes.set_ylabel("evaluation score", fontsize="small")
     handles = [plt.Line2D([], [], color=colours[label], marker=".") for label in labels]
-    figure.legend(handles, labels, loc="lower right", fontsize="small")
+    handles += [plt.Line2D([], [], color="grey", linestyle=dashes[name], linewidth=0.9) for name in level_names]
+    figure.legend(handles, [*labels, *level_names], loc="outside lower center",
+                  ncols=min(len(labels) + len(level_names), 6), fontsize="small")
     if title:
-        figure.suptitle(title)
-    figure.tight_layout()
+        figure.suptitle(title, fontsize="medium")
     out.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(out, dpi=100)
     plt.close(figure)

@@ -173,8 +173,9 @@ def page(results: Path = RESULTS) -> tuple[str, dict[str, dict[str, list[EvalPoi
             parts += [""] + [f"- {name}: {note}" for name, note in bench.notes.items()] if bench.notes else []
             if not bench.games:
                 figures[bench.name] = {f"seed {_config(f)['run']['seed']}": curve(f) for f in folders}
-            parts += ["", f"![{bench.title}: evaluation score against wall time and env steps, every record]"
-                          f"(results/{bench.name}.png)", ""]
+            drawn = "each game's evaluation score against wall time, every seed" if bench.games else \
+                "evaluation score against wall time and env steps, every record"
+            parts += ["", f"![{bench.title}: {drawn}](results/{bench.name}.png)", ""]
         earlier = results / bench.name / "earlier.md"
         if earlier.is_file():
             parts += ["Reported before records existed (a table kept as it was written; no record, no curve; a "
@@ -223,7 +224,12 @@ def write(results: Path = RESULTS, page_path: Path = PAGE, figures_dir: Path = F
         bench = titles[name]
         out = figures_dir / f"{name}.png"
         if bench.games:
-            draw_games(curves, out, bench.title)
+            from rl_dqn import atari_scores as ref
+            levels = {game: {name: scores[game] for name, scores in (("Dopamine DQN at 10M frames", ref.DOPAMINE_DQN),
+                                                                     ("Dopamine Rainbow at 10M frames",
+                                                                      ref.DOPAMINE_RAINBOW)) if game in scores}
+                      for game in curves}
+            draw_games(curves, out, bench.title, levels)
         else:
             draw(curves, out, [bench.target] if bench.target is not None else [], bench.title)
         written.append(out)
