@@ -394,10 +394,12 @@ def main() -> int:
                           runs_dir() / f"{name}.log", faults)
         launched, wall, interrupted = outcome.launched, outcome.wall_s, outcome.interrupted
         failed |= outcome.failed
-        later = [later_name for later_name, *_ in plan[index + 1:]]
         if interrupted:
-            print(f"  interrupted {duration(wall)} from launch: {name} stopped"
-                  + (f", {', '.join(later)} not run" if later else ""), flush=True)
+            later = plan[index + 1:]
+            rest = (", ".join(f"{g} seed {s}" for _, g, s, _ in later) if game else
+                    f"seeds {','.join(str(s) for _, _, s, _ in later)}")
+            print(f"  interrupted {duration(wall)} from launch: {f'{game} ' if game else ''}seed {seed} stopped"
+                  + (f", {rest} not run" if later else ""), flush=True)
         if outcome.failed and not any(folder.glob("events.out.tfevents.*")):   # refused: nothing to read back
             continue
         try:

@@ -262,6 +262,12 @@ def _score(value: float | None) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.1f}"
 
 
+def _steps(env_steps: int | None) -> str:
+    if env_steps is None:
+        return "-"
+    return f"{env_steps / 1e6:.2f}M" if env_steps >= 1e6 else f"{env_steps / 1e3:,.0f}k"
+
+
 GAMES_HEAD = ["game", "last evaluation (each seed)", "mean", "best (each seed)", "env steps (each seed)", "random",
               "random here", "human", "Dopamine DQN", "Dopamine Rainbow", "human-normalised", "at or above Rainbow"]
 # A benchmark's random.csv (benchmarks/random_scores.py --csv): the random policy's scores, played as its runs evaluate.
@@ -301,7 +307,7 @@ def games_rows(runs: list[GameRun], games: list[str], link=None,
             " / ".join(link(r, f"{_score(r.points[-1].mean)} (s{r.seed})") for r in of_game),
             _score(mean),
             " / ".join(_score(max(p.mean for p in r.points)) for r in of_game),
-            " / ".join("-" if r.env_steps is None else f"{r.env_steps / 1e6:.2f}M" for r in of_game),
+            " / ".join(_steps(r.env_steps) for r in of_game),
             _score(ref.RANDOM.get(game)), _score(random.get(game)), _score(ref.HUMAN.get(game)),
             _score(ref.DOPAMINE_DQN.get(game)), _score(rainbow),
             f"{ref.human_normalized(game, mean):.1f}%" if known else "-",

@@ -230,7 +230,7 @@ def test_a_run_that_ends_at_its_own_stop_score_ends_kills_nothing_and_the_next_g
     rows = [line for line in out.splitlines() if line.startswith("own-")]   # the table: each run's time to -21
     assert [row.split()[0] for row in rows] == ["own-Pong-s1", "own-Breakout-s1"] and "not reached" not in "".join(
         rows), out
-    games = out[out.index("\ngame "):].splitlines()[1:]
+    games = out[out.index("\ngame ") + 1:].splitlines()[1:]   # the rows under its head
     assert [row.split()[0] for row in games[:2]] == ["Pong", "Breakout"], out
     assert games[2] == ("Atari-5 estimate of the median human-normalised score over 57 games: not yet (no run of "
                         "BattleZone, DoubleDunk, NameThisGame, Phoenix, Qbert)"), out

@@ -123,7 +123,7 @@ def test_a_benchmark_over_games_has_a_row_per_game_beside_the_reference_scores_a
     qbert = rows["Qbert"]
     assert qbert[1] == ("[3,000 (s1)](../results/atari_here/a-Qbert-s1/) / "
                         "[5,000 (s2)](../results/atari_here/a-Qbert-s2/)")
-    assert qbert[2:5] == ["4,000", "3,000 / 5,000", "0.20M / 0.20M"]
+    assert qbert[2:5] == ["4,000", "3,000 / 5,000", "201k / 201k"]
     assert qbert[5:10] == [f"{ref.RANDOM['Qbert']:,.0f}", "151", f"{ref.HUMAN['Qbert']:,.0f}",
                            f"{ref.DOPAMINE_DQN['Qbert']:,.0f}", f"{ref.DOPAMINE_RAINBOW['Qbert']:,.0f}"]
     hns = 100 * (4000 - ref.RANDOM["Qbert"]) / (ref.HUMAN["Qbert"] - ref.RANDOM["Qbert"])
