@@ -22,10 +22,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from envs import make_vector_env  # noqa: E402
+from envs.config import game_of  # noqa: E402
 from rl_dqn.config import load_config  # noqa: E402
 from rl_dqn.evaluate import play  # noqa: E402
 from rl_dqn.network import QNetwork  # noqa: E402
-from rl_dqn.results import RANDOM_COLUMNS, game_of  # noqa: E402
+from rl_dqn.results import RANDOM_COLUMNS  # noqa: E402
 
 GAME_CONFIGS = ["pong.yaml", "breakout.yaml", "space_invaders.yaml", "seaquest.yaml", "beam_rider.yaml"]
 

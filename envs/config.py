@@ -17,9 +17,15 @@ class ConfigError(ValueError):
         self.key = key
 
 
-def _require(ok: bool, key: str, message: str) -> None:
+def require(ok: bool, key: str, message: str) -> None:
+    """A config check: ConfigError(key, message) unless `ok`."""
     if not ok:
         raise ConfigError(key, message)
+
+
+def game_of(env_id: str) -> str:
+    """The game of an env id: `ALE/Qbert-v5` -> `Qbert`, `CartPole-v1` -> `CartPole`."""
+    return env_id.split("/")[-1].rsplit("-v", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -46,16 +52,16 @@ class EnvConfig:
     """train on the sign of each reward; reported returns stay the raw game score"""
 
     def __post_init__(self):
-        _require(self.id != "", "env.id", "must name a gymnasium environment, e.g. ALE/Pong-v5 or CartPole-v1")
-        _require(self.envs_per_collector >= 1, "env.envs_per_collector", f"must be >= 1, got {self.envs_per_collector}")
-        _require(self.threads_per_collector >= 1, "env.threads_per_collector",
+        require(self.id != "", "env.id", "must name a gymnasium environment, e.g. ALE/Pong-v5 or CartPole-v1")
+        require(self.envs_per_collector >= 1, "env.envs_per_collector", f"must be >= 1, got {self.envs_per_collector}")
+        require(self.threads_per_collector >= 1, "env.threads_per_collector",
                  f"must be >= 1, got {self.threads_per_collector}")
-        _require(self.frame_skip >= 1, "env.frame_skip", f"must be >= 1, got {self.frame_skip}")
-        _require(self.frame_stack >= 1, "env.frame_stack", f"must be >= 1, got {self.frame_stack}")
-        _require(self.noop_max >= 0, "env.noop_max", f"must be >= 0, got {self.noop_max}")
-        _require(0.0 <= self.sticky_action_prob < 1.0, "env.sticky_action_prob",
+        require(self.frame_skip >= 1, "env.frame_skip", f"must be >= 1, got {self.frame_skip}")
+        require(self.frame_stack >= 1, "env.frame_stack", f"must be >= 1, got {self.frame_stack}")
+        require(self.noop_max >= 0, "env.noop_max", f"must be >= 0, got {self.noop_max}")
+        require(0.0 <= self.sticky_action_prob < 1.0, "env.sticky_action_prob",
                  f"must be in [0, 1), got {self.sticky_action_prob}")
-        _require(self.max_episode_frames >= self.frame_skip, "env.max_episode_frames",
+        require(self.max_episode_frames >= self.frame_skip, "env.max_episode_frames",
                  f"must be >= env.frame_skip ({self.frame_skip}), got {self.max_episode_frames}")
 
     @property

@@ -20,12 +20,7 @@ from typing import Any, Literal, NamedTuple
 import yaml
 
 # The env section and the error of every check live in envs, below the agent, which imports nothing from rl_dqn.
-from envs.config import ConfigError, EnvConfig
-
-
-def _require(ok: bool, key: str, message: str) -> None:
-    if not ok:
-        raise ConfigError(key, message)
+from envs.config import ConfigError, EnvConfig, game_of, require
 
 
 DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
@@ -50,10 +45,10 @@ class RunConfig:
     (with learner.checkpoint_replay) the replay contents; its TensorBoard curves go on from the checkpoint's step"""
 
     def __post_init__(self):
-        _require(self.name == "" or re.fullmatch(r"[A-Za-z0-9._+=-]+", self.name) is not None and
+        require(self.name == "" or re.fullmatch(r"[A-Za-z0-9._+=-]+", self.name) is not None and
                  self.name not in (".", ".."), "run.name",
                  f"must be a folder name of letters, digits and ._+=- characters, got {self.name!r}")
-        _require(self.seed >= 0, "run.seed", f"must be >= 0, got {self.seed}")
+        require(self.seed >= 0, "run.seed", f"must be >= 0, got {self.seed}")
 
 
 @dataclass(frozen=True)
@@ -88,7 +83,7 @@ class NetworkConfig:
     with its own run's setting"""
 
     def __post_init__(self):
-        _require(len(self.mlp_hidden) >= 1 and all(h >= 1 for h in self.mlp_hidden), "network.mlp_hidden",
+        require(len(self.mlp_hidden) >= 1 and all(h >= 1 for h in self.mlp_hidden), "network.mlp_hidden",
                  f"must be a non-empty list of widths >= 1, got {list(self.mlp_hidden)}")
 
 
@@ -123,22 +118,22 @@ class CollectorsConfig:
     learner in the same slot. 0 = a dead collector stops the node"""
 
     def __post_init__(self):
-        _require(self.max_restarts >= 0, "collectors.max_restarts", f"must be >= 0, got {self.max_restarts}")
-        _require(self.count >= 1, "collectors.count", f"must be >= 1, got {self.count}")
-        _require(re.fullmatch(DEVICE_PATTERN, self.device) is not None, "collectors.device",
+        require(self.max_restarts >= 0, "collectors.max_restarts", f"must be >= 0, got {self.max_restarts}")
+        require(self.count >= 1, "collectors.count", f"must be >= 1, got {self.count}")
+        require(re.fullmatch(DEVICE_PATTERN, self.device) is not None, "collectors.device",
                  f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
-        _require(self.chunk_steps >= 1, "collectors.chunk_steps", f"must be >= 1, got {self.chunk_steps}")
-        _require(self.max_chunks_in_flight >= 1, "collectors.max_chunks_in_flight",
+        require(self.chunk_steps >= 1, "collectors.chunk_steps", f"must be >= 1, got {self.chunk_steps}")
+        require(self.max_chunks_in_flight >= 1, "collectors.max_chunks_in_flight",
                  f"must be >= 1, got {self.max_chunks_in_flight}")
-        _require(0.0 < self.apex_epsilon <= 1.0, "collectors.apex_epsilon",
+        require(0.0 < self.apex_epsilon <= 1.0, "collectors.apex_epsilon",
                  f"must be in (0, 1], got {self.apex_epsilon}")
-        _require(self.apex_alpha >= 0.0, "collectors.apex_alpha", f"must be >= 0, got {self.apex_alpha}")
+        require(self.apex_alpha >= 0.0, "collectors.apex_alpha", f"must be >= 0, got {self.apex_alpha}")
         for key in ("epsilon_start", "epsilon_end"):
             value = getattr(self, key)
-            _require(0.0 <= value <= 1.0, f"collectors.{key}", f"must be in [0, 1], got {value}")
-        _require(self.epsilon_decay_env_steps >= 1, "collectors.epsilon_decay_env_steps",
+            require(0.0 <= value <= 1.0, f"collectors.{key}", f"must be in [0, 1], got {value}")
+        require(self.epsilon_decay_env_steps >= 1, "collectors.epsilon_decay_env_steps",
                  f"must be >= 1, got {self.epsilon_decay_env_steps}")
-        _require(self.torch_threads >= 1, "collectors.torch_threads", f"must be >= 1, got {self.torch_threads}")
+        require(self.torch_threads >= 1, "collectors.torch_threads", f"must be >= 1, got {self.torch_threads}")
 
 
 @dataclass(frozen=True)
@@ -201,41 +196,41 @@ class TrainConfig:
     error the collector computed from its own Q-values (`collectors`, as in Ape-X)"""
 
     def __post_init__(self):
-        _require(self.total_env_steps >= 1, "train.total_env_steps", f"must be >= 1, got {self.total_env_steps}")
-        _require(self.batch_size >= 1, "train.batch_size", f"must be >= 1, got {self.batch_size}")
-        _require(self.learning_starts >= self.batch_size, "train.learning_starts",
+        require(self.total_env_steps >= 1, "train.total_env_steps", f"must be >= 1, got {self.total_env_steps}")
+        require(self.batch_size >= 1, "train.batch_size", f"must be >= 1, got {self.batch_size}")
+        require(self.learning_starts >= self.batch_size, "train.learning_starts",
                  f"must be >= train.batch_size ({self.batch_size}), got {self.learning_starts}")
-        _require(self.replay_capacity >= self.learning_starts, "train.replay_capacity",
+        require(self.replay_capacity >= self.learning_starts, "train.replay_capacity",
                  f"must be >= train.learning_starts ({self.learning_starts}), got {self.replay_capacity}")
-        _require(self.replay_ratio >= 0.0, "train.replay_ratio", f"must be >= 0, got {self.replay_ratio}")
-        _require(0.0 <= self.gamma <= 1.0, "train.gamma", f"must be in [0, 1], got {self.gamma}")
-        _require(self.lr > 0.0, "train.lr", f"must be > 0, got {self.lr}")
-        _require(self.lr_end is None or self.lr_end > 0.0, "train.lr_end",
+        require(self.replay_ratio >= 0.0, "train.replay_ratio", f"must be >= 0, got {self.replay_ratio}")
+        require(0.0 <= self.gamma <= 1.0, "train.gamma", f"must be in [0, 1], got {self.gamma}")
+        require(self.lr > 0.0, "train.lr", f"must be > 0, got {self.lr}")
+        require(self.lr_end is None or self.lr_end > 0.0, "train.lr_end",
                  f"must be > 0 or null (train.lr throughout), got {self.lr_end}")
         self._require_decay_span("lr")
-        _require(self.adam_eps > 0.0, "train.adam_eps", f"must be > 0, got {self.adam_eps}")
-        _require(self.max_grad_norm > 0.0, "train.max_grad_norm", f"must be > 0, got {self.max_grad_norm}")
-        _require(self.target_update_updates >= 1, "train.target_update_updates",
+        require(self.adam_eps > 0.0, "train.adam_eps", f"must be > 0, got {self.adam_eps}")
+        require(self.max_grad_norm > 0.0, "train.max_grad_norm", f"must be > 0, got {self.max_grad_norm}")
+        require(self.target_update_updates >= 1, "train.target_update_updates",
                  f"must be >= 1, got {self.target_update_updates}")
-        _require(self.n_step >= 1, "train.n_step", f"must be >= 1, got {self.n_step}")
-        _require(self.n_step_end is None or 1 <= self.n_step_end <= self.n_step, "train.n_step_end",
+        require(self.n_step >= 1, "train.n_step", f"must be >= 1, got {self.n_step}")
+        require(self.n_step_end is None or 1 <= self.n_step_end <= self.n_step, "train.n_step_end",
                  f"must be from 1 to train.n_step ({self.n_step}) or null (train.n_step throughout), "
                  f"got {self.n_step_end}")
         self._require_decay_span("n_step")
-        _require(self.priority_alpha >= 0.0, "train.priority_alpha", f"must be >= 0, got {self.priority_alpha}")
-        _require(0.0 <= self.priority_beta <= 1.0, "train.priority_beta",
+        require(self.priority_alpha >= 0.0, "train.priority_alpha", f"must be >= 0, got {self.priority_alpha}")
+        require(0.0 <= self.priority_beta <= 1.0, "train.priority_beta",
                  f"must be in [0, 1], got {self.priority_beta}")
-        _require(self.priority_beta_env_steps == 0 or self.priority_beta_env_steps > self.learning_starts,
+        require(self.priority_beta_env_steps == 0 or self.priority_beta_env_steps > self.learning_starts,
                  "train.priority_beta_env_steps", f"must be 0 (train.total_env_steps) or > train.learning_starts "
                  f"({self.learning_starts}), got {self.priority_beta_env_steps}")
-        _require(self.priority_eps > 0.0, "train.priority_eps", f"must be > 0, got {self.priority_eps}")
+        require(self.priority_eps > 0.0, "train.priority_eps", f"must be > 0, got {self.priority_eps}")
 
     def _require_decay_span(self, name: str) -> None:
         """train.<name>_decay_start_env_steps >= 0, and train.<name>_decay_end_env_steps 0 or after it."""
         start_key, end_key = f"{name}_decay_start_env_steps", f"{name}_decay_end_env_steps"
         start, end = getattr(self, start_key), getattr(self, end_key)
-        _require(start >= 0, f"train.{start_key}", f"must be >= 0, got {start}")
-        _require(end >= 0 and (end or self.total_env_steps) > start, f"train.{end_key}",
+        require(start >= 0, f"train.{start_key}", f"must be >= 0, got {start}")
+        require(end >= 0 and (end or self.total_env_steps) > start, f"train.{end_key}",
                  f"must be 0 (train.total_env_steps) or > train.{start_key} ({start}), got {end}")
 
 
@@ -267,14 +262,14 @@ class LearnerConfig:
     """newest checkpoints kept in runs/<name>/checkpoints/"""
 
     def __post_init__(self):
-        _require(re.fullmatch(DEVICE_PATTERN, self.device) is not None, "learner.device",
+        require(re.fullmatch(DEVICE_PATTERN, self.device) is not None, "learner.device",
                  f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
-        _require(self.torch_threads >= 0, "learner.torch_threads", f"must be >= 0, got {self.torch_threads}")
-        _require(self.publish_every_updates >= 1, "learner.publish_every_updates",
+        require(self.torch_threads >= 0, "learner.torch_threads", f"must be >= 0, got {self.torch_threads}")
+        require(self.publish_every_updates >= 1, "learner.publish_every_updates",
                  f"must be >= 1, got {self.publish_every_updates}")
-        _require(self.checkpoint_every_updates >= 1, "learner.checkpoint_every_updates",
+        require(self.checkpoint_every_updates >= 1, "learner.checkpoint_every_updates",
                  f"must be >= 1, got {self.checkpoint_every_updates}")
-        _require(self.keep_checkpoints >= 1, "learner.keep_checkpoints", f"must be >= 1, got {self.keep_checkpoints}")
+        require(self.keep_checkpoints >= 1, "learner.keep_checkpoints", f"must be >= 1, got {self.keep_checkpoints}")
 
 
 TENSORPIPE_TRANSPORTS = ("uv", "shm", "ibv")
@@ -309,20 +304,20 @@ class TransportConfig:
 
     def __post_init__(self):
         transports = self.tensorpipe_transports
-        _require(len(transports) >= 1 and set(transports) <= set(TENSORPIPE_TRANSPORTS),
+        require(len(transports) >= 1 and set(transports) <= set(TENSORPIPE_TRANSPORTS),
                  "transport.tensorpipe_transports",
                  f"must be a non-empty list of {', '.join(TENSORPIPE_TRANSPORTS)}, got {list(transports)}")
         channels = self.tensorpipe_channels
         known = TENSORPIPE_CPU_CHANNELS + TENSORPIPE_CUDA_CHANNELS
-        _require(set(channels) <= set(known) and set(channels) & set(TENSORPIPE_CPU_CHANNELS),
+        require(set(channels) <= set(known) and set(channels) & set(TENSORPIPE_CPU_CHANNELS),
                  "transport.tensorpipe_channels",
                  f"must list channels of {', '.join(known)}, at least one of {', '.join(TENSORPIPE_CPU_CHANNELS)}, "
                  f"got {list(channels)}")
-        _require(self.kind != "cuda" or set(channels) & set(TENSORPIPE_CUDA_CHANNELS),
+        require(self.kind != "cuda" or set(channels) & set(TENSORPIPE_CUDA_CHANNELS),
                  "transport.tensorpipe_channels", f"must list a CUDA channel ({', '.join(TENSORPIPE_CUDA_CHANNELS)}) "
                                                   f"when transport.kind is cuda, got {list(channels)}")
-        _require(self.rpc_timeout_s > 0, "transport.rpc_timeout_s", f"must be > 0, got {self.rpc_timeout_s}")
-        _require(self.worker_threads >= 2, "transport.worker_threads", f"must be >= 2, got {self.worker_threads}")
+        require(self.rpc_timeout_s > 0, "transport.rpc_timeout_s", f"must be > 0, got {self.rpc_timeout_s}")
+        require(self.worker_threads >= 2, "transport.worker_threads", f"must be >= 2, got {self.worker_threads}")
 
 
 @dataclass(frozen=True)
@@ -346,11 +341,11 @@ class ClusterConfig:
 
     def __post_init__(self):
         tcp = re.fullmatch(r"tcp://[^:/\s]+:(\d{1,5})", self.init_method)
-        _require(self.init_method in ("", "env://") or tcp is not None and 1 <= int(tcp.group(1)) <= 65535,
+        require(self.init_method in ("", "env://") or tcp is not None and 1 <= int(tcp.group(1)) <= 65535,
                  "cluster.init_method", f"must be tcp://HOST:PORT (port 1-65535) or env://, got {self.init_method!r}")
-        _require(self.world_size >= 0, "cluster.world_size", f"must be >= 0, got {self.world_size}")
-        _require(self.rank >= 0, "cluster.rank", f"must be >= 0, got {self.rank}")
-        _require(self.join_timeout_s > 0, "cluster.join_timeout_s", f"must be > 0, got {self.join_timeout_s}")
+        require(self.world_size >= 0, "cluster.world_size", f"must be >= 0, got {self.world_size}")
+        require(self.rank >= 0, "cluster.rank", f"must be >= 0, got {self.rank}")
+        require(self.join_timeout_s > 0, "cluster.join_timeout_s", f"must be > 0, got {self.join_timeout_s}")
 
 
 @dataclass(frozen=True)
@@ -405,22 +400,22 @@ class EvalConfig:
     """agent steps recorded at most per video (2,000 steps = 2 min 13 s of play at frame skip 4)"""
 
     def __post_init__(self):
-        _require(self.video_max_steps >= 1, "eval.video_max_steps", f"must be >= 1, got {self.video_max_steps}")
-        _require(self.sticky_action_prob is None or 0.0 <= self.sticky_action_prob < 1.0, "eval.sticky_action_prob",
+        require(self.video_max_steps >= 1, "eval.video_max_steps", f"must be >= 1, got {self.video_max_steps}")
+        require(self.sticky_action_prob is None or 0.0 <= self.sticky_action_prob < 1.0, "eval.sticky_action_prob",
                  f"must be in [0, 1) or null (env.sticky_action_prob), got {self.sticky_action_prob}")
-        _require(self.every_env_steps >= 0, "eval.every_env_steps", f"must be >= 0, got {self.every_env_steps}")
-        _require(self.episodes >= 1, "eval.episodes", f"must be >= 1, got {self.episodes}")
-        _require(self.envs >= 1, "eval.envs", f"must be >= 1, got {self.envs}")
-        _require(self.screen_episodes == 0 or 0 < self.screen_episodes < self.episodes, "eval.screen_episodes",
+        require(self.every_env_steps >= 0, "eval.every_env_steps", f"must be >= 0, got {self.every_env_steps}")
+        require(self.episodes >= 1, "eval.episodes", f"must be >= 1, got {self.episodes}")
+        require(self.envs >= 1, "eval.envs", f"must be >= 1, got {self.envs}")
+        require(self.screen_episodes == 0 or 0 < self.screen_episodes < self.episodes, "eval.screen_episodes",
                  f"must be 0 (off) or 1 to eval.episodes - 1 ({self.episodes - 1}), got {self.screen_episodes}")
-        _require(self.max_episode_frames >= 0, "eval.max_episode_frames",
+        require(self.max_episode_frames >= 0, "eval.max_episode_frames",
                  f"must be >= 0, got {self.max_episode_frames}")
-        _require(0.0 <= self.epsilon <= 1.0, "eval.epsilon", f"must be in [0, 1], got {self.epsilon}")
-        _require(self.torch_threads >= 1, "eval.torch_threads", f"must be >= 1, got {self.torch_threads}")
-        _require(re.fullmatch(DEVICE_PATTERN, self.device) is not None, "eval.device",
+        require(0.0 <= self.epsilon <= 1.0, "eval.epsilon", f"must be in [0, 1], got {self.epsilon}")
+        require(self.torch_threads >= 1, "eval.torch_threads", f"must be >= 1, got {self.torch_threads}")
+        require(re.fullmatch(DEVICE_PATTERN, self.device) is not None, "eval.device",
                  f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
-        _require(self.threads >= 0, "eval.threads", f"must be >= 0 (0 = env.threads_per_collector), got {self.threads}")
-        _require(self.ema_updates >= 0, "eval.ema_updates", f"must be >= 0 (0 = none), got {self.ema_updates}")
+        require(self.threads >= 0, "eval.threads", f"must be >= 0 (0 = env.threads_per_collector), got {self.threads}")
+        require(self.ema_updates >= 0, "eval.ema_updates", f"must be >= 0 (0 = none), got {self.ema_updates}")
 
 
 @dataclass(frozen=True)
@@ -431,8 +426,8 @@ class MetricsConfig:
     """updates between histograms of a batch's Q-values and TD errors in TensorBoard; 0 = none"""
 
     def __post_init__(self):
-        _require(self.interval_s > 0, "metrics.interval_s", f"must be > 0, got {self.interval_s}")
-        _require(self.histogram_every_updates >= 0, "metrics.histogram_every_updates",
+        require(self.interval_s > 0, "metrics.interval_s", f"must be > 0, got {self.interval_s}")
+        require(self.histogram_every_updates >= 0, "metrics.histogram_every_updates",
                  f"must be >= 0, got {self.histogram_every_updates}")
 
 
@@ -451,20 +446,20 @@ class Config:
 
     def __post_init__(self):
         world_size = self.world_size
-        _require(world_size >= 2, "cluster.world_size", f"must be >= 2 (a learner and a collector), got {world_size}")
-        _require(self.cluster.rank < world_size, "cluster.rank",
+        require(world_size >= 2, "cluster.world_size", f"must be >= 2 (a learner and a collector), got {world_size}")
+        require(self.cluster.rank < world_size, "cluster.rank",
                  f"must be < cluster.world_size ({world_size}), got {self.cluster.rank}")
         if self.cluster.rank > 0:
             last = self.cluster.rank + self.collectors.count - 1
-            _require(last < world_size, "cluster.rank",
+            require(last < world_size, "cluster.rank",
                      f"this node's collectors take ranks {self.cluster.rank}..{last}, beyond cluster.world_size "
                      f"{world_size}; lower collectors.count or raise cluster.world_size")
-        _require(self.eval.max_episode_frames == 0 or self.eval.max_episode_frames >= self.env.frame_skip,
+        require(self.eval.max_episode_frames == 0 or self.eval.max_episode_frames >= self.env.frame_skip,
                  "eval.max_episode_frames", f"must be 0 or >= env.frame_skip ({self.env.frame_skip}), got "
                                             f"{self.eval.max_episode_frames}")
         lane_steps = self.train.replay_capacity // self.num_envs
         need = 2 * self.collectors.chunk_steps + self.env.frame_stack + self.train.n_step + 1
-        _require(lane_steps >= need, "train.replay_capacity",
+        require(lane_steps >= need, "train.replay_capacity",
                  f"must hold at least {need} steps for each of the run's {self.num_envs} envs "
                  f"(>= {need * self.num_envs}), got {self.train.replay_capacity}")
 
@@ -527,8 +522,7 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> Config:
 
 
 def default_run_name(cfg: Config, config_name: str) -> str:
-    game = cfg.env.id.split("/")[-1].split("-")[0]
-    return f"{game}__{config_name}__s{cfg.run.seed}__{time.strftime('%Y%m%d-%H%M%S')}"
+    return f"{game_of(cfg.env.id)}__{config_name}__s{cfg.run.seed}__{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def _apply_override(raw: dict, item: str) -> None:
@@ -585,30 +579,30 @@ def _convert(key: str, value: Any, tp: Any) -> Any:
     """Converts a YAML value to the field's type. PyYAML reads `1e-4` as a string, so numbers are parsed here."""
     if typing.get_origin(tp) is Literal:
         choices = typing.get_args(tp)
-        _require(value in choices, key, f"must be one of {', '.join(map(str, choices))}, got {value!r}")
+        require(value in choices, key, f"must be one of {', '.join(map(str, choices))}, got {value!r}")
         return value
     if tp == tuple[DeviceMapEntry, ...]:
         return parse_device_map(key, value)
     if typing.get_origin(tp) is tuple:
         (item_tp, _) = typing.get_args(tp)
-        _require(isinstance(value, (list, tuple)), key, f"must be a list, got {value!r}")
+        require(isinstance(value, (list, tuple)), key, f"must be a list, got {value!r}")
         return tuple(_convert(key, v, item_tp) for v in value)
     if typing.get_args(tp) in ((float, type(None)), (int, type(None))):
         return None if value is None else _convert(key, value, typing.get_args(tp)[0])
     if tp is bool:
-        _require(isinstance(value, bool), key, f"must be true or false, got {value!r}")
+        require(isinstance(value, bool), key, f"must be true or false, got {value!r}")
         return value
     if tp is int:
         number = _number(value)
-        _require(number is not None and math.isfinite(number) and float(number).is_integer(), key,
+        require(number is not None and math.isfinite(number) and float(number).is_integer(), key,
                  f"must be an integer, got {value!r}")
         return int(number)
     if tp is float:
         number = _number(value)
-        _require(number is not None and math.isfinite(number), key, f"must be a number, got {value!r}")
+        require(number is not None and math.isfinite(number), key, f"must be a number, got {value!r}")
         return float(number)
     if tp is str:
-        _require(isinstance(value, str), key, f"must be a string, got {value!r}")
+        require(isinstance(value, str), key, f"must be a string, got {value!r}")
         return value
     raise TypeError(f"{key}: unsupported field type {tp}")
 
@@ -618,23 +612,23 @@ def parse_device_map(key: str, value: Any) -> tuple[DeviceMapEntry, ...]:
     form = "{peer: {local_gpu: peer_gpu}} or <peer rank>_<local gpu>_<peer gpu>,... (e.g. 1_0_0,2_0_1)"
     entries = []
     if isinstance(value, int) and not isinstance(value, bool):
-        _require(False, key, f"must be {form}; YAML reads 1_0_0 as the number {value}: put the map in quotes")
+        require(False, key, f"must be {form}; YAML reads 1_0_0 as the number {value}: put the map in quotes")
     if isinstance(value, str):
         for item in filter(None, (part.strip() for part in value.split(","))):
             parts = item.split("_")
-            _require(len(parts) == 3 and all(p.isdigit() for p in parts), key, f"must be {form}, got {item!r}")
+            require(len(parts) == 3 and all(p.isdigit() for p in parts), key, f"must be {form}, got {item!r}")
             entries.append(DeviceMapEntry(*map(int, parts)))
     elif isinstance(value, dict):
         for peer, gpus in value.items():
-            _require(isinstance(gpus, dict) and gpus, key, f"must be {form}; peer {peer!r} maps to {gpus!r}")
+            require(isinstance(gpus, dict) and gpus, key, f"must be {form}; peer {peer!r} maps to {gpus!r}")
             rank = _peer_rank(key, peer)
             for local, remote in gpus.items():
-                _require(_gpu_index(local) is not None and _gpu_index(remote) is not None, key,
+                require(_gpu_index(local) is not None and _gpu_index(remote) is not None, key,
                          f"GPUs are indices or cuda:N, got {local!r}: {remote!r} for peer {peer!r}")
                 entries.append(DeviceMapEntry(rank, _gpu_index(local), _gpu_index(remote)))
     else:
-        _require(False, key, f"must be {form}, got {value!r}")
-    _require(len({(e.peer, e.local_gpu) for e in entries}) == len(entries), key,
+        require(False, key, f"must be {form}, got {value!r}")
+    require(len({(e.peer, e.local_gpu) for e in entries}) == len(entries), key,
              f"maps one local GPU to two GPUs of the same peer: {value!r}")
     return tuple(entries)
 
@@ -643,7 +637,7 @@ def _peer_rank(key: str, peer: Any) -> int:
     if isinstance(peer, int) and not isinstance(peer, bool) and peer >= 0:
         return peer
     match = re.fullmatch(r"learner|collector(\d+)", str(peer))
-    _require(match is not None, key, f"peers are ranks or names (learner, collector0, ...), got {peer!r}")
+    require(match is not None, key, f"peers are ranks or names (learner, collector0, ...), got {peer!r}")
     return 0 if match.group(1) is None else int(match.group(1)) + 1
 
 

@@ -103,11 +103,16 @@ def table(runs: dict[str, list[EvalPoint]], scores: list[float]) -> str:
         rows.append([label, str(len(points)), *cells,
                      f"{last.mean:.1f}{'*' * last.screened} at {duration(last.seconds)}",
                      f"{max(p.mean for p in points):.1f}"])
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [head, *rows]]
+    lines = aligned([head, *rows])
     if any("*" in cell for row in rows for cell in row):
         lines.append("* a round that stopped at its screen: the mean of its eval.screen_episodes episodes only")
     return "\n".join(lines)
+
+
+def aligned(rows: list[list[str]]) -> list[str]:
+    """Rows of cells as lines of text, each column as wide as its widest cell."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
 
 
 def draw(runs: dict[str, list[EvalPoint]], out: Path, targets: list[float] = (), title: str = "") -> None:

@@ -24,8 +24,9 @@ from typing import NamedTuple
 
 import yaml
 
+from envs.config import game_of
 from rl_dqn.console import OneLineParser, duration
-from rl_dqn.plot import EvalPoint, PlotError, draw, draw_games, first_reaching, read_evals
+from rl_dqn.plot import EvalPoint, PlotError, aligned, draw, draw_games, first_reaching, read_evals
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
@@ -239,11 +240,6 @@ def write(results: Path = RESULTS, page_path: Path = PAGE, figures_dir: Path = F
 # ------------------------------------------------------------------------------------------------ over games
 
 
-def game_of(env_id: str) -> str:
-    """ALE's name of a game from its env id: `ALE/Qbert-v5` -> `Qbert`."""
-    return env_id.split("/")[-1].rsplit("-v", 1)[0]
-
-
 def game_run(record_dir: Path) -> GameRun:
     config = _config(record_dir)
     return GameRun(game_of(config["env"]["id"]), int(config["run"]["seed"]), curve(record_dir),
@@ -333,9 +329,7 @@ def _atari5_line(runs: list[GameRun], means: dict[str, float]) -> str:
 def games_text(runs: list[GameRun], games: list[str]) -> str:
     """The table over games as aligned text, for a console."""
     rows, atari5 = games_rows(runs, games)
-    widths = [max(len(r[i]) for r in [GAMES_HEAD, *rows]) for i in range(len(GAMES_HEAD))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [GAMES_HEAD, *rows]]
-    return "\n".join([*lines, atari5])
+    return "\n".join([*aligned([GAMES_HEAD, *rows]), atari5])
 
 
 def games_markdown(played: dict[Path, GameRun], games: list[str], results: Path) -> list[str]:
