@@ -1,8 +1,4 @@
-"""Shared test settings, and the smoke run that several test files read."""
-
-import os
-import sys
-from pathlib import Path
+"""Shared test settings."""
 
 import pytest
 import torch
@@ -19,16 +15,3 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
-
-
-@pytest.fixture(scope="session")
-def smoke(tmp_path_factory) -> tuple[Path, str]:
-    """The smoke run (Pong, 4,000 env steps, learner + 2 collectors, evaluation with video), launched once for the
-    session: its folder and its console output. The tests that read it (test_end_to_end.py) and those that resume
-    it as a run that reached its total (test_resume.py) leave it as it was."""
-    from test_end_to_end import finish, launch
-    runs = tmp_path_factory.mktemp("runs")
-    env = dict(os.environ, RL_DQN_RUNS_DIR=str(runs), RL_DQN_PYTHON=sys.executable)
-    code, output = finish(launch("local.sh", "configs/smoke.yaml", "run.name=smoke", env=env), timeout=300)
-    assert code == 0, output[-3000:]
-    return runs / "smoke", output

@@ -110,7 +110,7 @@ def test_play_sh_reports_the_score_of_the_episode_in_its_video_though_another_en
 ])
 def test_play_refuses_bad_arguments_with_its_usage_and_exit_2(tmp_path, capsys, args, error):
     """./launch/play.sh's refusals of its arguments (its launcher's one line and exit code 2 for a path that is not
-    there: tests/test_end_to_end.py)."""
+    there: tests/test_smoke_run.py)."""
     checkpoint = tmp_path / "checkpoint_000000001.pt"
     checkpoint.write_bytes(b"")   # a file, not a checkpoint: the arguments are refused before it would be read
     with pytest.raises(SystemExit) as exited:

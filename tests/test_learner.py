@@ -87,7 +87,7 @@ def test_the_loop_takes_every_chunk_in_order_trains_at_the_ratio_and_ends_at_the
     """Two collectors of 5 chunks each (600 env steps, the run's total), one of them also sending a bad chunk and
     then lost: every chunk enters replay, none is answered twice, the bad one is refused and counted, the updates
     are the replay ratio's, weights go out with rising versions, the loss is reported, and the run ends at its total
-    with its summary, its last progress line and the dashboard's figures (as the smoke run in test_end_to_end.py
+    with its summary, its last progress line and the dashboard's figures (as the smoke run in test_smoke_run.py
     shows them from real processes)."""
     learner = make_learner(tmp_path, "train.total_env_steps=600", "train.replay_ratio=2", "eval.every_env_steps=0",
                            "learner.publish_every_updates=5")

@@ -142,29 +142,30 @@ def _kill_group(process: subprocess.Popen) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("who", ["the benchmark", "the run, by hand"])
-def test_an_interrupted_seed_ends_the_benchmark_with_what_it_has(tmp_path, who):
+@pytest.mark.parametrize("who, prefix", [("the benchmark", "stop"), ("the run, by hand", "halt")])
+def test_an_interrupted_seed_ends_the_benchmark_with_what_it_has(tmp_path, who, prefix):
     """SIGINT to the benchmark, even started where SIGINT is ignored (the background of a script), or to the run by
-    hand, stops that seed as its time limit would, runs no further seed, and prints the table of what ran."""
+    hand, stops that seed as its time limit would, runs no further seed, and prints the table of what ran. (Each case
+    names its runs apart: the SIGINT by hand finds its run by name, among the runs of tests beside it.)"""
     process = subprocess.Popen(
-        [*BENCHMARK, "--prefix", "stop", "--seeds", "1,2", "--minutes", "3", "--scores", "-21",
+        [*BENCHMARK, "--prefix", prefix, "--seeds", "1,2", "--minutes", "3", "--scores", "-21",
          "train.total_env_steps=1000000", "eval.video=false", *ONE, *SOON],
         cwd=ROOT, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
-        _wait_for_first_evaluation(tmp_path / "stop-s1", process)
+        _wait_for_first_evaluation(tmp_path / f"{prefix}-s1", process)
         if who == "the benchmark":
             process.send_signal(signal.SIGINT)
         else:
-            subprocess.run(["pkill", "-INT", "-f", "rl_dqn local .*run.name=stop-s1( |$)"], check=True)
+            subprocess.run(["pkill", "-INT", "-f", f"rl_dqn local .*run.name={prefix}-s1( |$)"], check=True)
         out, err = process.communicate(timeout=120)
     finally:
         _kill_group(process)
     assert process.returncode == 130, out[-3000:] + err[-3000:]
     assert re.search(r"interrupted \S+ from launch: seed 1 stopped, seeds 2 not run", out), out
-    assert not (tmp_path / "stop-s2").exists() and "Traceback" not in err, err
-    assert json.loads((tmp_path / "stop-s1/summary.json").read_text())["env_steps"] > 0
-    assert out.splitlines()[-1].startswith("stop-s1 ")
+    assert not (tmp_path / f"{prefix}-s2").exists() and "Traceback" not in err, err
+    assert json.loads((tmp_path / f"{prefix}-s1/summary.json").read_text())["env_steps"] > 0
+    assert out.splitlines()[-1].startswith(f"{prefix}-s1 ")
 
 
 @pytest.mark.slow

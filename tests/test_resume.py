@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from chain import chain_chunk, make_learner
-from test_end_to_end import ROOT, finish, launch, points, processes_of
-from test_faults import two_nodes
+from test_end_to_end import ROOT, finish, launch, processes_of
 
 from rl_dqn import checkpoints
 from rl_dqn.cli import finished_already
@@ -283,40 +282,6 @@ def test_a_collector_that_dies_before_the_run_ends_still_fails_the_node(tmp_path
 
 
 # ------------------------------------------------------------------------------------ real runs
-
-
-# The smoke run (conftest.py), which ended at its train.total_env_steps (4,000), is the finished run resumed here.
-
-
-def at_its_total(smoke: tuple[Path, str], role: str) -> str:
-    steps = summary_of(smoke[0])["env_steps"]
-    assert summary_of(smoke[0])["ended"] == "total_env_steps" and steps < 8000
-    return (f"[{role}] run smoke already reached train.total_env_steps=4,000 at {steps:,} env steps: nothing to do; to "
-            f"train on, resume with a larger train.total_env_steps (e.g. train.total_env_steps=8000)")
-
-
-@pytest.mark.slow
-def test_resuming_a_run_that_reached_its_total_starts_and_changes_nothing(smoke):
-    runs = smoke[0].parent
-    before = snapshot(runs)
-    code, output = finish(launch("local.sh", "configs/smoke.yaml", "run.name=smoke", "run.resume=true",
-                                 env=environment(runs)), timeout=120)
-    assert code == 0, output
-    # The collectors' last chunks can take the run past its total: the line gives where it ended.
-    assert output.splitlines() == [at_its_total(smoke, "local")], output
-    assert "joining the run" not in output and not processes_of("smoke")
-    assert snapshot(runs) == before
-
-
-@pytest.mark.slow
-def test_a_multi_node_learner_resuming_a_finished_run_exits_before_joining(smoke):
-    runs = smoke[0].parent
-    before = snapshot(runs)
-    cluster, port = two_nodes("smoke", "run.resume=true")
-    code, output = finish(launch("learner.sh", "configs/smoke.yaml", *cluster, env=environment(runs)), timeout=120)
-    assert code == 0, output
-    assert output.splitlines() == [at_its_total(smoke, "learner")], output
-    assert snapshot(runs) == before
 
 
 @pytest.mark.slow
