@@ -29,8 +29,8 @@ pytestmark = pytest.mark.slow
 def smoke(tmp_path_factory) -> tuple[Path, str]:
     """The smoke run's folder and its console output. The tests leave it as they found it."""
     runs = tmp_path_factory.mktemp("runs")
-    env = dict(os.environ, RL_DQN_RUNS_DIR=str(runs), RL_DQN_PYTHON=sys.executable)
-    code, output = finish(launch("local.sh", "configs/smoke.yaml", "run.name=smoke", env=env), timeout=300)
+    code, output = finish(launch("local.sh", "configs/smoke.yaml", "run.name=smoke", env=environment(runs)),
+                          timeout=300)
     assert code == 0, output[-3000:]
     return runs / "smoke", output
 
