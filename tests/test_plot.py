@@ -32,6 +32,10 @@ def test_a_resumed_runs_curve_goes_on_from_its_checkpoint_without_what_the_lost_
     run = tmp_path / "pong"
     # The first process evaluated at 50k, 100k and 150k, checkpointed at 120k and died; the resumed one goes on.
     write_evals(run, [(50_000, 70.0, -21.0, 0.0), (100_000, 140.0, -15.0, 2.0), (150_000, 210.0, -5.0, 3.0)])
+    # TensorBoard reads a folder's event files in name order: seconds since the epoch, then a per-process counter
+    # that here, after other tests' writers, may go from 9 to 10 within one second. A resumed process starts in a
+    # later second; so does this one.
+    time.sleep(1.01 - time.time() % 1)
     write_evals(run, [(150_000, 215.0, -8.0, 3.0), (200_000, 280.0, 18.5, 1.0)], purge_step=120_000)
     points = read_evals(run)
     assert [p[:4] for p in points] == [(50_000, 70.0, -21.0, 0.0), (100_000, 140.0, -15.0, 2.0),
