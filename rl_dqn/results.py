@@ -6,11 +6,12 @@
 
 A record is what a reported result rests on, small enough to commit: the config as the run ran it (config.yaml), its
 code and machine (run.json), its summary (summary.json) and its evaluation curve (eval.csv: env steps, seconds from
-launch, mean score, its standard deviation over the round's episodes, episodes). A benchmark is a folder of records
-with a benchmark.yaml (its title, what it measures, the command that runs a seed, the scores its table times, notes on
-records) and, for runs reported before records existed, an earlier.md whose table the page shows as it is, marked as
-such, until re-runs replace it. The page has one section per benchmark: a table with a row per record, linked to it,
-and a figure of every record's curve drawn by rl_dqn.plot.
+launch, mean score, its standard deviation over the round's episodes, episodes). A benchmark is a folder of records with
+a benchmark.yaml (its title, what it measures, the command that runs a seed, the scores its table times, notes on
+records; for a change tried on a config over games, `against`: the config's benchmark, read env step for env step) and,
+for runs reported before records existed, an earlier.md whose table the page shows as it is, marked as such, until
+re-runs replace it. The page has one section per benchmark: a table with a row per record, linked to it, and a figure of
+every record's curve drawn by rl_dqn.plot.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class Benchmark(NamedTuple):
     order: int            # its place on the page
     notes: dict[str, str]  # a line about a record, by its folder's name (e.g. what else ran on the machine)
     games: list[str] = []  # a benchmark over Atari games (records told apart by env.id): the games, in table order
+    against: str | None = None  # a candidate change's benchmark: the benchmark whose records it is read against
 
 
 class GameRun(NamedTuple):
@@ -119,7 +121,7 @@ def benchmarks(results: Path = RESULTS) -> list[Benchmark]:
             found.append(Benchmark(path.parent.name, data["title"], data["about"].strip(), data["command"].strip(),
                                    [float(s) for s in data.get("scores", [])], data.get("target"),
                                    int(data.get("order", 100)), dict(data.get("notes") or {}),
-                                   [str(g) for g in data.get("games") or []]))
+                                   [str(g) for g in data.get("games") or []], data.get("against")))
         except (yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as e:
             raise ResultsError(f"{path}: {type(e).__name__}: {e}") from None
     return sorted(found, key=lambda b: (b.order, b.name))
@@ -169,6 +171,8 @@ def page(results: Path = RESULTS) -> tuple[str, dict[str, dict[str, list[EvalPoi
             # By game, then by seed: rl_dqn.plot.draw_games draws them as a grid.
             figures[bench.name] = {game: {f"seed {run.seed}": run.points for run in played.values()
                                           if run.game == game} for game in _game_order(played.values(), bench.games)}
+            if bench.against:
+                parts += _against_markdown(bench, list(played.values()), results) + [""]
         if folders:
             parts += _table(bench, folders, results)
             parts += [""] + [f"- {name}: {note}" for name, note in bench.notes.items()] if bench.notes else []
@@ -342,6 +346,69 @@ def games_markdown(played: dict[Path, GameRun], games: list[str], results: Path)
     rows, atari5 = games_rows(list(played.values()), games, link, random_here(bench_folder))
     return ["| " + " | ".join(GAMES_HEAD) + " |", "|" + "-|" * len(GAMES_HEAD),
             *["| " + " | ".join(row) + " |" for row in rows], "", atari5]
+
+
+AGAINST_HEAD = ["game", "evaluations compared", "this change: mean score", "the base: mean score",
+                "difference, human-normalised", "this change ahead"]
+
+
+def against_rows(runs: list[GameRun], base: list[GameRun], games: list[str],
+                 every: int) -> tuple[list[list[str]], str]:
+    """A candidate's runs (`runs`) against its base's (`base`) env step for env step, which runs on machines of
+    different speeds can be compared by where 30-minute scores cannot: for each game both ran, the evaluations at
+    the same env steps (rounds every `every` env steps, matched by their number; a game's several seeds averaged
+    where all of them have the round), the mean score over those rounds on each side, the difference of those means
+    in human-normalised points, and in how many of the rounds the candidate scored more. The line after: on how many
+    games it is ahead, and the Atari-5 estimate from each side's mean scores over the rounds compared."""
+    from rl_dqn import atari_scores as ref
+
+    def by_round(of: list[GameRun], game: str) -> dict[int, float]:
+        seeds = [{round(p.env_steps / every): p.mean for p in r.points} for r in of if r.game == game and r.points]
+        shared = set.intersection(*(set(s) for s in seeds)) if seeds else set()
+        return {k: sum(s[k] for s in seeds) / len(seeds) for k in shared}
+
+    rows, ahead, played, means = [], 0, 0, ({}, {})
+    for game in _game_order([*runs, *base], games):
+        mine, theirs = by_round(runs, game), by_round(base, game)
+        common = sorted(set(mine) & set(theirs))
+        if not common:
+            continue
+        played += 1
+        mean = sum(mine[k] for k in common) / len(common), sum(theirs[k] for k in common) / len(common)
+        means[0][game], means[1][game] = mean
+        ahead += mean[0] > mean[1]
+        known = game in ref.RANDOM and game in ref.HUMAN
+        rows.append([game, f"{len(common)}, {_steps(common[0] * every)} to {_steps(common[-1] * every)}",
+                     _score(mean[0]), _score(mean[1]),
+                     f"{ref.human_normalized(game, mean[0]) - ref.human_normalized(game, mean[1]):+.1f}" if known
+                     else "-",
+                     f"{sum(mine[k] > theirs[k] for k in common)} of {len(common)}"])
+    if not rows:
+        return rows, "No game has evaluations at the same env steps on both sides yet."
+    line = f"Ahead, over the rounds compared, on {ahead} of {played} games."
+    if all(g in means[0] for g in ref.ATARI5):
+        line += (f" The Atari-5 estimate from those mean scores: {ref.atari5_median(means[0]):.1f}% against "
+                 f"{ref.atari5_median(means[1]):.1f}%.")
+    return rows, line
+
+
+def _against_markdown(bench: Benchmark, runs: list[GameRun], results: Path) -> list[str]:
+    base = next((b for b in benchmarks(results) if b.name == bench.against), None)
+    if base is None:
+        raise ResultsError(f"{results / bench.name / 'benchmark.yaml'}: against: {bench.against!r} is not a "
+                           f"benchmark in {results}")
+    folders = records(bench, results)
+    every = int(_config(folders[0])["eval"]["every_env_steps"])
+    rows, line = against_rows(runs, [game_run(f) for f in records(base, results)], bench.games, every)
+    return [f"Env step for env step against [{base.title}](#{_anchor(base.title)}): the evaluations both ran at the "
+            f"same env steps, so that runs on machines of different speeds compare.", "",
+            "| " + " | ".join(AGAINST_HEAD) + " |", "|" + "-|" * len(AGAINST_HEAD),
+            *["| " + " | ".join(row) + " |" for row in rows], "", line]
+
+
+def _anchor(title: str) -> str:
+    """The anchor GitHub gives a heading."""
+    return "".join(c for c in title.lower() if c.isalnum() or c in " -_").replace(" ", "-")
 
 
 def main(argv: list[str] | None = None) -> int:

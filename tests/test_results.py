@@ -143,6 +143,39 @@ def test_a_benchmark_over_games_has_a_row_per_game_beside_the_reference_scores_a
     assert (store / "docs/results/atari_here.png").stat().st_size > 1000
 
 
+def test_a_candidate_is_read_against_its_base_at_the_same_env_steps_whatever_its_machines_speed(store):
+    from rl_dqn import atari_scores as ref
+    for name, against in (("atari_base", ""), ("atari_change", "against: atari_base\n")):
+        (store / "results" / name).mkdir()
+        (store / "results" / name / "benchmark.yaml").write_text(
+            GAMES_BENCHMARK.replace("atari_here", name) + against)
+    # The base's rounds come twice as fast on its clock; rounds are matched by env steps (every 100k), not time.
+    base = {("Qbert", 1): [1000.0, 2000.0, 3000.0], ("Qbert", 2): [3000.0, 2000.0, 1000.0], ("Pong", 1): [-5.0, 5.0]}
+    change = {("Qbert", 1): [4000.0, 1000.0], ("Pong", 1): [0.0, 0.0, 0.0], ("Seaquest", 1): [100.0]}
+    for name, scores in (("atari_base", base), ("atari_change", change)):
+        for (game, seed), means in scores.items():
+            rounds = [(100_000 * (i + 1) + 96 * i, (150.0 if name == "atari_base" else 300.0) * (i + 1), m, 1.0, 10)
+                      for i, m in enumerate(means)]
+            results.record(finished_run(store / "runs" / name, f"x-{game}-s{seed}", seed, rounds, "atari_cpu.yaml",
+                                        game), name, store / "results")
+    runs = [results.game_run(f) for f in (store / "results/atari_change").glob("x-*")]
+    based = [results.game_run(f) for f in (store / "results/atari_base").glob("x-*")]
+    rows, line = results.against_rows(runs, based, ["Pong", "Qbert"], 100_000)
+    # Qbert: the base's two seeds average 2,000 at both rounds the change ran; Pong: two rounds in common; Seaquest
+    # has no base run.
+    hns = lambda game, score: ref.human_normalized(game, score)
+    assert rows == [["Pong", "2, 100k to 200k", "0.0", "0.0", "+0.0", "1 of 2"],
+                    ["Qbert", "2, 100k to 200k", "2,500", "2,000", f"{hns('Qbert', 2500) - hns('Qbert', 2000):+.1f}",
+                     "1 of 2"]]
+    assert line == "Ahead, over the rounds compared, on 1 of 2 games."
+    text, _ = results.page(store / "results")
+    assert "| Qbert | 2, 100k to 200k | 2,500 | 2,000 |" in text
+    assert "Env step for env step against [Atari somewhere](#atari-somewhere)" in text
+    (store / "results/atari_change/benchmark.yaml").write_text(GAMES_BENCHMARK + "against: atari_elsewhere\n")
+    with pytest.raises(results.ResultsError, match="against: 'atari_elsewhere' is not a benchmark"):
+        results.page(store / "results")
+
+
 def test_the_atari5_estimate_comes_from_each_seed_that_ran_all_five_games_and_from_the_means():
     from rl_dqn import atari_scores as ref
     human = {game: ref.HUMAN[game] for game in ref.ATARI5}
