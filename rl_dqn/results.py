@@ -167,7 +167,10 @@ def page(results: Path = RESULTS) -> tuple[str, dict[str, dict[str, list[EvalPoi
         folders = records(bench, results)
         if folders and bench.games:
             played = {f: game_run(f) for f in folders}
-            parts += games_markdown(played, bench.games, results) + [""]
+            # A candidate's runs play as its base's do: the base's random-policy scores stand beside both.
+            random = random_here(results / bench.name) or (random_here(results / bench.against) if bench.against
+                                                            else {})
+            parts += games_markdown(played, bench.games, results, random) + [""]
             # By game, then by seed: rl_dqn.plot.draw_games draws them as a grid.
             figures[bench.name] = {game: {f"seed {run.seed}": run.points for run in played.values()
                                           if run.game == game} for game in _game_order(played.values(), bench.games)}
@@ -336,14 +339,15 @@ def games_text(runs: list[GameRun], games: list[str]) -> str:
     return "\n".join([*aligned([GAMES_HEAD, *rows]), atari5])
 
 
-def games_markdown(played: dict[Path, GameRun], games: list[str], results: Path) -> list[str]:
-    """The table over games as Markdown, each seed's score linked to its record."""
+def games_markdown(played: dict[Path, GameRun], games: list[str], results: Path,
+                   random: dict[str, float] | None = None) -> list[str]:
+    """The table over games as Markdown, each seed's score linked to its record, `random` the random policy's
+    scores here (random_here)."""
     folders = {id(run): folder for folder, run in played.items()}
 
     def link(run: GameRun, text: str) -> str:
         return f"[{text}](../{folders[id(run)].relative_to(results.parent).as_posix()}/)"
-    bench_folder = next(iter(played)).parent
-    rows, atari5 = games_rows(list(played.values()), games, link, random_here(bench_folder))
+    rows, atari5 = games_rows(list(played.values()), games, link, random)
     return ["| " + " | ".join(GAMES_HEAD) + " |", "|" + "-|" * len(GAMES_HEAD),
             *["| " + " | ".join(row) + " |" for row in rows], "", atari5]
 

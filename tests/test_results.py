@@ -149,6 +149,8 @@ def test_a_candidate_is_read_against_its_base_at_the_same_env_steps_whatever_its
         (store / "results" / name).mkdir()
         (store / "results" / name / "benchmark.yaml").write_text(
             GAMES_BENCHMARK.replace("atari_here", name) + against)
+    (store / "results/atari_base/random.csv").write_text("game,config,episodes,mean,std,min,max\n"
+                                                         "Qbert,atari_cpu.yaml,20,151.25,60.1,0,300\n")
     # The base's rounds come twice as fast on its clock; rounds are matched by env steps (every 100k), not time.
     base = {("Qbert", 1): [1000.0, 2000.0, 3000.0], ("Qbert", 2): [3000.0, 2000.0, 1000.0], ("Pong", 1): [-5.0, 5.0]}
     change = {("Qbert", 1): [4000.0, 1000.0], ("Pong", 1): [0.0, 0.0, 0.0], ("Seaquest", 1): [100.0]}
@@ -170,6 +172,9 @@ def test_a_candidate_is_read_against_its_base_at_the_same_env_steps_whatever_its
     assert line == "Ahead, over the rounds compared, on 1 of 2 games."
     text, _ = results.page(store / "results")
     assert "| Qbert | 2, 100k to 200k | 2,500 | 2,000 |" in text
+    # The change's table over games shows the base's random-policy scores, as its runs play the same way.
+    change_row = next(line for line in text.splitlines() if line.startswith("| Qbert | [1,000 (s1)]"))
+    assert change_row.split(" | ")[6] == "151"
     assert "Env step for env step against [Atari somewhere](#atari-somewhere)" in text
     (store / "results/atari_change/benchmark.yaml").write_text(GAMES_BENCHMARK + "against: atari_elsewhere\n")
     with pytest.raises(results.ResultsError, match="against: 'atari_elsewhere' is not a benchmark"):
