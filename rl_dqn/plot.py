@@ -156,10 +156,11 @@ def draw(runs: dict[str, list[EvalPoint]], out: Path, targets: list[float] = (),
 
 
 def draw_games(games: dict[str, dict[str, list[EvalPoint]]], out: Path, title: str = "",
-               levels: dict[str, dict[str, float]] | None = None) -> None:
-    """A grid of games, each its evaluation score against wall minutes from launch, every run of it drawn (its
-    label, e.g. `seed 2`, in the same colour in every game), and each game's `levels` (by name, e.g. another
-    agent's score) as grey lines of their own dash, into a PNG."""
+               levels: dict[str, dict[str, float]] | None = None, by_env_steps: bool = False) -> None:
+    """A grid of games, each its evaluation score against wall minutes from launch (or, `by_env_steps`, against
+    millions of env steps, where runs on machines of different speeds compare), every run of it drawn (its label,
+    e.g. `seed 2`, in the same colour in every game), and each game's `levels` (by name, e.g. another agent's score)
+    as grey lines of their own dash, into a PNG."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -177,8 +178,8 @@ def draw_games(games: dict[str, dict[str, list[EvalPoint]]], out: Path, title: s
         for name, value in levels.get(game, {}).items():
             axes.axhline(value, color="grey", linestyle=dashes[name], linewidth=0.9)
         for label, points in runs.items():
-            minutes = [p.seconds / 60 for p in points]
-            axes.plot(minutes, [p.mean for p in points], marker=".", markersize=4, label=label,
+            x = [p.env_steps / 1e6 if by_env_steps else p.seconds / 60 for p in points]
+            axes.plot(x, [p.mean for p in points], marker=".", markersize=4, label=label,
                       color=colours[label])
         axes.set_title(game, fontsize="medium")
         axes.grid(alpha=0.3)
@@ -186,7 +187,7 @@ def draw_games(games: dict[str, dict[str, list[EvalPoint]]], out: Path, title: s
     for axes in grid.flat[len(games):]:
         axes.axis("off")
     for axes in grid[-1]:
-        axes.set_xlabel("wall minutes from launch", fontsize="small")
+        axes.set_xlabel("env steps (millions)" if by_env_steps else "wall minutes from launch", fontsize="small")
     for axes in grid[:, 0]:
         axes.set_ylabel("evaluation score", fontsize="small")
     handles = [plt.Line2D([], [], color=colours[label], marker=".") for label in labels]

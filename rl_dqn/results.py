@@ -175,14 +175,18 @@ def page(results: Path = RESULTS) -> tuple[str, dict[str, dict[str, list[EvalPoi
             figures[bench.name] = {game: {f"seed {run.seed}": run.points for run in played.values()
                                           if run.game == game} for game in _game_order(played.values(), bench.games)}
             if bench.against:
-                parts += _against_markdown(bench, list(played.values()), results) + [""]
+                base, based = _base(bench, results)
+                parts += _against_markdown(bench, base, list(played.values()), based, results) + [""]
+                for run in based:   # the base's seeds drawn beside the change's, in the games the change ran
+                    figures[bench.name].get(run.game, {})[f"{base.name} seed {run.seed}"] = run.points
         if folders:
             parts += _table(bench, folders, results)
             parts += [""] + [f"- {name}: {note}" for name, note in bench.notes.items()] if bench.notes else []
             if not bench.games:
                 figures[bench.name] = {f"seed {_config(f)['run']['seed']}": curve(f) for f in folders}
-            drawn = "each game's evaluation score against wall time, every seed" if bench.games else \
-                "evaluation score against wall time and env steps, every record"
+            drawn = ("each game's evaluation score against env steps, every seed, beside the seeds of "
+                     f"{bench.against}" if bench.against else "each game's evaluation score against wall time, "
+                     "every seed" if bench.games else "evaluation score against wall time and env steps, every record")
             parts += ["", f"![{bench.title}: {drawn}](results/{bench.name}.png)", ""]
         earlier = results / bench.name / "earlier.md"
         if earlier.is_file():
@@ -237,7 +241,7 @@ def write(results: Path = RESULTS, page_path: Path = PAGE, figures_dir: Path = F
                                                                      ("Dopamine Rainbow at 10M frames",
                                                                       ref.DOPAMINE_RAINBOW)) if game in scores}
                       for game in curves}
-            draw_games(curves, out, bench.title, levels)
+            draw_games(curves, out, bench.title, levels, by_env_steps=bool(bench.against))
         else:
             draw(curves, out, [bench.target] if bench.target is not None else [], bench.title)
         written.append(out)
@@ -396,14 +400,19 @@ def against_rows(runs: list[GameRun], base: list[GameRun], games: list[str],
     return rows, line
 
 
-def _against_markdown(bench: Benchmark, runs: list[GameRun], results: Path) -> list[str]:
+def _base(bench: Benchmark, results: Path) -> tuple[Benchmark, list[GameRun]]:
+    """The benchmark a candidate is read against, and its runs."""
     base = next((b for b in benchmarks(results) if b.name == bench.against), None)
     if base is None:
         raise ResultsError(f"{results / bench.name / 'benchmark.yaml'}: against: {bench.against!r} is not a "
                            f"benchmark in {results}")
-    folders = records(bench, results)
-    every = int(_config(folders[0])["eval"]["every_env_steps"])
-    rows, line = against_rows(runs, [game_run(f) for f in records(base, results)], bench.games, every)
+    return base, [game_run(f) for f in records(base, results)]
+
+
+def _against_markdown(bench: Benchmark, base: Benchmark, runs: list[GameRun], based: list[GameRun],
+                      results: Path) -> list[str]:
+    every = int(_config(records(bench, results)[0])["eval"]["every_env_steps"])
+    rows, line = against_rows(runs, based, bench.games, every)
     return [f"Env step for env step against [{base.title}](#{_anchor(base.title)}): the evaluations both ran at the "
             f"same env steps, so that runs on machines of different speeds compare.", "",
             "| " + " | ".join(AGAINST_HEAD) + " |", "|" + "-|" * len(AGAINST_HEAD),

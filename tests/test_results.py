@@ -170,8 +170,12 @@ def test_a_candidate_is_read_against_its_base_at_the_same_env_steps_whatever_its
                     ["Qbert", "2, 100k to 200k", "2,500", "2,000", f"{hns('Qbert', 2500) - hns('Qbert', 2000):+.1f}",
                      "1 of 2"]]
     assert line == "Ahead, over the rounds compared, on 1 of 2 games."
-    text, _ = results.page(store / "results")
+    text, figures = results.page(store / "results")
     assert "| Qbert | 2, 100k to 200k | 2,500 | 2,000 |" in text
+    # Its figure draws the base's seeds beside its own in the games it ran, against env steps.
+    assert set(figures["atari_change"]["Qbert"]) == {"seed 1", "atari_base seed 1", "atari_base seed 2"}
+    assert set(figures["atari_change"]) == {"Qbert", "Pong", "Seaquest"}
+    assert "each game's evaluation score against env steps, every seed, beside the seeds of atari_base" in text
     # The change's table over games shows the base's random-policy scores, as its runs play the same way.
     change_row = next(line for line in text.splitlines() if line.startswith("| Qbert | [1,000 (s1)]"))
     assert change_row.split(" | ")[6] == "151"
