@@ -356,8 +356,6 @@ def games_markdown(played: dict[Path, GameRun], games: list[str], results: Path,
             *["| " + " | ".join(row) + " |" for row in rows], "", atari5]
 
 
-AGAINST_HEAD = ["game", "evaluations compared", "this change: mean score", "the base: mean score",
-                "difference, human-normalised", "this change ahead"]
 
 
 def against_rows(runs: list[GameRun], base: list[GameRun], games: list[str],
@@ -393,7 +391,7 @@ def against_rows(runs: list[GameRun], base: list[GameRun], games: list[str],
                      f"{sum(mine[k] > theirs[k] for k in common)} of {len(common)}"])
     if not rows:
         return rows, "No game has evaluations at the same env steps on both sides yet."
-    line = f"Ahead, over the rounds compared, on {ahead} of {played} games."
+    line = f"Ahead here, over the rounds compared, on {ahead} of {played} games."
     if all(g in means[0] for g in ref.ATARI5):
         line += (f" The Atari-5 estimate from those mean scores: {ref.atari5_median(means[0]):.1f}% against "
                  f"{ref.atari5_median(means[1]):.1f}%.")
@@ -413,9 +411,11 @@ def _against_markdown(bench: Benchmark, base: Benchmark, runs: list[GameRun], ba
                       results: Path) -> list[str]:
     every = int(_config(records(bench, results)[0])["eval"]["every_env_steps"])
     rows, line = against_rows(runs, based, bench.games, every)
+    head = ["game", "evaluations compared", "mean score here", f"mean score of {base.name}",
+            "difference, human-normalised", "ahead here"]
     return [f"Env step for env step against [{base.title}](#{_anchor(base.title)}): the evaluations both ran at the "
             f"same env steps, so that runs on machines of different speeds compare.", "",
-            "| " + " | ".join(AGAINST_HEAD) + " |", "|" + "-|" * len(AGAINST_HEAD),
+            "| " + " | ".join(head) + " |", "|" + "-|" * len(head),
             *["| " + " | ".join(row) + " |" for row in rows], "", line]
 
 

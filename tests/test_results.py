@@ -169,7 +169,7 @@ def test_a_candidate_is_read_against_its_base_at_the_same_env_steps_whatever_its
     assert rows == [["Pong", "2, 100k to 200k", "0.0", "0.0", "+0.0", "1 of 2"],
                     ["Qbert", "2, 100k to 200k", "2,500", "2,000", f"{hns('Qbert', 2500) - hns('Qbert', 2000):+.1f}",
                      "1 of 2"]]
-    assert line == "Ahead, over the rounds compared, on 1 of 2 games."
+    assert line == "Ahead here, over the rounds compared, on 1 of 2 games."
     text, figures = results.page(store / "results")
     assert "| Qbert | 2, 100k to 200k | 2,500 | 2,000 |" in text
     # Its figure draws the base's seeds beside its own in the games it ran, against env steps.
