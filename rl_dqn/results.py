@@ -178,7 +178,8 @@ def page(results: Path = RESULTS) -> tuple[str, dict[str, dict[str, list[EvalPoi
                 base, based = _base(bench, results)
                 parts += _against_markdown(bench, base, list(played.values()), based, results) + [""]
                 for run in based:   # the base's seeds drawn beside the change's, in the games the change ran
-                    figures[bench.name].get(run.game, {})[f"{base.name} seed {run.seed}"] = run.points
+                    if run.game in figures[bench.name]:
+                        figures[bench.name][run.game][f"{base.name} seed {run.seed}"] = run.points
         if folders:
             parts += _table(bench, folders, results)
             parts += [""] + [f"- {name}: {note}" for name, note in bench.notes.items()] if bench.notes else []
@@ -356,12 +357,10 @@ def games_markdown(played: dict[Path, GameRun], games: list[str], results: Path,
             *["| " + " | ".join(row) + " |" for row in rows], "", atari5]
 
 
-
-
 def against_rows(runs: list[GameRun], base: list[GameRun], games: list[str],
                  every: int) -> tuple[list[list[str]], str]:
-    """A candidate's runs (`runs`) against its base's (`base`) env step for env step, which runs on machines of
-    different speeds can be compared by where 30-minute scores cannot: for each game both ran, the evaluations at
+    """A candidate's runs (`runs`) against its base's (`base`) env step for env step, so that runs on machines of
+    different speeds compare where their 30-minute scores cannot: for each game both ran, the evaluations at
     the same env steps (rounds every `every` env steps, matched by their number; a game's several seeds averaged
     where all of them have the round), the mean score over those rounds on each side, the difference of those means
     in human-normalised points, and in how many of the rounds the candidate scored more. The line after: on how many
@@ -410,6 +409,9 @@ def _base(bench: Benchmark, results: Path) -> tuple[Benchmark, list[GameRun]]:
 def _against_markdown(bench: Benchmark, base: Benchmark, runs: list[GameRun], based: list[GameRun],
                       results: Path) -> list[str]:
     every = int(_config(records(bench, results)[0])["eval"]["every_env_steps"])
+    if every <= 0:
+        raise ResultsError(f"{results / bench.name}: its runs have no evaluation period (eval.every_env_steps "
+                           f"{every}) to match rounds by")
     rows, line = against_rows(runs, based, bench.games, every)
     head = ["game", "evaluations compared", "mean score here", f"mean score of {base.name}",
             "difference, human-normalised", "ahead here"]
