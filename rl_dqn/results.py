@@ -2,7 +2,8 @@
 
     python -m rl_dqn.results record runs/<name> BENCHMARK   keep a finished run as results/BENCHMARK/<name>/
     python -m rl_dqn.results                                write docs/results.md and its figures from results/
-    python -m rl_dqn.results --check                        exit 1 if docs/results.md is not what results/ gives
+    python -m rl_dqn.results --check                        exit 1 if docs/results.md or its figures' folder is not
+                                                            what results/ gives
 
 A record is what a reported result rests on, small enough to commit: the config as the run ran it (config.yaml), its
 code and machine (run.json), its summary (summary.json) and its evaluation curve (eval.csv: env steps, seconds from
@@ -227,7 +228,8 @@ def _machine(machine: dict) -> str:
 
 
 def write(results: Path = RESULTS, page_path: Path = PAGE, figures_dir: Path = FIGURES) -> list[Path]:
-    """Writes the page and one figure per benchmark with records; returns the files written."""
+    """Writes the page and one figure per benchmark with records, removes the figures no benchmark draws any more;
+    returns the files written."""
     text, figures = page(results)
     page_path.parent.mkdir(parents=True, exist_ok=True)
     page_path.write_text(text)
@@ -246,7 +248,14 @@ def write(results: Path = RESULTS, page_path: Path = PAGE, figures_dir: Path = F
         else:
             draw(curves, out, [bench.target] if bench.target is not None else [], bench.title)
         written.append(out)
+    for stale in _stale_figures(figures, figures_dir):
+        stale.unlink()
     return written
+
+
+def _stale_figures(figures: dict, figures_dir: Path) -> list[Path]:
+    """The figures in figures_dir that no benchmark draws any more (one renamed, or whose records moved)."""
+    return sorted(p for p in figures_dir.glob("*.png") if p.stem not in figures)
 
 
 # ------------------------------------------------------------------------------------------------ over games
@@ -431,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.name = "results"
     parser.add_argument("what", nargs="*", metavar="record RUN_DIR BENCHMARK",
                         help="record a finished run; with nothing, write the page and its figures")
-    parser.add_argument("--check", action="store_true", help="only check that docs/results.md is up to date")
+    parser.add_argument("--check", action="store_true", help="only check that docs/results.md and its figures are up to date")
     args = parser.parse_args(argv)
     try:
         if args.what:
@@ -440,9 +449,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"recorded {record(Path(args.what[1]), args.what[2])}")
             return 0
         if args.check:
-            text, _ = page()
+            text, figures = page()
             if not PAGE.is_file() or PAGE.read_text() != text:
                 print(f"results: {PAGE} is out of date: python -m rl_dqn.results", file=sys.stderr)
+                return 1
+            stale = _stale_figures(figures, FIGURES)
+            if stale:
+                print(f"results: {', '.join(p.name for p in stale)} in {FIGURES} belong to no benchmark: "
+                      "python -m rl_dqn.results removes them", file=sys.stderr)
                 return 1
             return 0
         for path in write():

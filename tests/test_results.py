@@ -74,8 +74,11 @@ def test_a_finished_run_becomes_a_record_and_a_row_of_the_page_with_its_figure(s
                          "2 cores of A CPU, AMX"]
     assert "](../results/pong_here/pong-s3/)" in cells[0]
     assert list(figures) == ["pong_here"] and list(figures["pong_here"]) == ["seed 3"]
+    (store / "docs/results").mkdir(parents=True)
+    (store / "docs/results/pong_moved_away.png").write_bytes(b"a benchmark's figure before its records moved")
     written = results.write(store / "results", store / "docs/results.md", store / "docs/results")
     assert (store / "docs/results/pong_here.png").stat().st_size > 1000 and len(written) == 2
+    assert sorted(p.name for p in (store / "docs/results").iterdir()) == ["pong_here.png"]
 
 
 def test_what_cannot_be_recorded_is_refused_with_one_line(store):
