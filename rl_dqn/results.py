@@ -440,7 +440,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.name = "results"
     parser.add_argument("what", nargs="*", metavar="record RUN_DIR BENCHMARK",
                         help="record a finished run; with nothing, write the page and its figures")
-    parser.add_argument("--check", action="store_true", help="only check that docs/results.md and its figures are up to date")
+    parser.add_argument("--check", action="store_true",
+                        help="only check that docs/results.md and its figures are up to date")
     args = parser.parse_args(argv)
     try:
         if args.what:
