@@ -168,9 +168,7 @@ def page(results: Path = RESULTS) -> tuple[str, dict[str, dict[str, list[EvalPoi
         folders = records(bench, results)
         if folders and bench.games:
             played = {f: game_run(f) for f in folders}
-            # A candidate's runs play as its base's do: the base's random-policy scores stand beside both.
-            random = random_here(results / bench.name) or (random_here(results / bench.against) if bench.against
-                                                            else {})
+            random = random_for(bench, results)
             parts += games_markdown(played, bench.games, results, random) + [""]
             # By game, then by seed: rl_dqn.plot.draw_games draws them as a grid.
             figures[bench.name] = {game: {f"seed {run.seed}": run.points for run in played.values()
@@ -292,12 +290,25 @@ RANDOM_CSV = "random.csv"
 RANDOM_COLUMNS = ("game", "config", "episodes", "mean", "std", "min", "max")
 
 
-def random_here(folder: Path) -> dict[str, float]:
-    """The mean random-policy score of each game in `folder`'s random.csv, if it has one."""
+def random_here(folder: Path, config: str | None = None) -> dict[str, float]:
+    """The mean random-policy score of each game in `folder`'s random.csv, if it has one (with `config`, only if
+    every row was played with that config file, e.g. atari_cpu.yaml)."""
     if not (folder / RANDOM_CSV).is_file():
         return {}
     with open(folder / RANDOM_CSV, newline="") as f:
-        return {row["game"]: float(row["mean"]) for row in csv.DictReader(f)}
+        rows = list(csv.DictReader(f))
+    if config is not None and any(row["config"] != config for row in rows):
+        return {}
+    return {row["game"]: float(row["mean"]) for row in rows}
+
+
+def random_for(bench: Benchmark, results: Path) -> dict[str, float]:
+    """The random-policy scores beside a benchmark over games: its own random.csv, else that of another benchmark
+    whose random policy played with the config file its command runs (a candidate's runs play as its base's do)."""
+    config = next((Path(word).name for word in bench.command.split() if word.endswith(".yaml")), None)
+    return random_here(results / bench.name) or next(
+        (scores for other in benchmarks(results) if config and (scores := random_here(results / other.name, config))),
+        {})
 
 
 def games_rows(runs: list[GameRun], games: list[str], link=None,

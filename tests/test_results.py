@@ -179,9 +179,14 @@ def test_a_candidate_is_read_against_its_base_at_the_same_env_steps_whatever_its
     assert set(figures["atari_change"]["Qbert"]) == {"seed 1", "atari_base seed 1", "atari_base seed 2"}
     assert set(figures["atari_change"]) == {"Qbert", "Pong", "Seaquest"}
     assert "each game's evaluation score against env steps, every seed, beside the seeds of atari_base" in text
-    # The change's table over games shows the base's random-policy scores, as its runs play the same way.
+    # The change's table over games shows the base's random-policy scores, as its runs play the same config; a
+    # benchmark of another config has none.
     change_row = next(line for line in text.splitlines() if line.startswith("| Qbert | [1,000 (s1)]"))
     assert change_row.split(" | ")[6] == "151"
+    other = {b.name: b for b in results.benchmarks(store / "results")}["atari_change"]
+    assert results.random_for(other, store / "results") == {"Qbert": 151.25}
+    other = other._replace(command=other.command.replace("atari_cpu.yaml", "pong_cpu.yaml"))
+    assert results.random_for(other, store / "results") == {}
     assert "Env step for env step against [Atari somewhere](#atari-somewhere)" in text
     (store / "results/atari_change/benchmark.yaml").write_text(GAMES_BENCHMARK + "against: atari_elsewhere\n")
     with pytest.raises(results.ResultsError, match="against: 'atari_elsewhere' is not a benchmark"):
