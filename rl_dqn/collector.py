@@ -107,11 +107,13 @@ class Collector:
 
     def _epsilons(self, run_env_steps: int) -> torch.Tensor:
         c, E = self.cfg.collectors, self.cfg.env.envs_per_collector
-        if c.exploration == "apex":
-            eps = dqn.apex_epsilons(self.cfg.num_envs, self.index * E, E, c.apex_epsilon, c.apex_alpha)
-        else:
+        if c.exploration == "linear":
             eps = torch.full((E,), dqn.linear_epsilon(run_env_steps, c.epsilon_start, c.epsilon_end,
                                                        c.epsilon_decay_env_steps))
+        else:
+            eps = dqn.apex_epsilons(self.cfg.num_envs, self.index * E, E, c.apex_epsilon, c.apex_alpha)
+            if c.exploration == "linear_apex":   # each env's own floor: the decay ends on Ape-X's spread
+                eps = dqn.linear_epsilon(run_env_steps, c.epsilon_start, eps, c.epsilon_decay_env_steps)
         return eps.to(self.policy_device)
 
     def run(self) -> None:
@@ -182,7 +184,7 @@ class Collector:
         self.seq += 1
         if ack is not None:
             self.run_env_steps = ack.env_steps
-            if self.cfg.collectors.exploration == "linear":
+            if self.cfg.collectors.exploration != "apex":
                 self.epsilons = self._epsilons(self.run_env_steps)
         if (now := time.monotonic()) - self._last_report >= self.cfg.metrics.interval_s:
             self._progress(now)

@@ -95,19 +95,20 @@ class CollectorsConfig:
     """vector steps per chunk sent to the learner; a chunk holds chunk_steps x env.envs_per_collector transitions"""
     max_chunks_in_flight: int = 2
     """chunks sent but not yet acknowledged by the learner before a collector waits (this is how it is throttled)"""
-    exploration: Literal["apex", "linear"] = "apex"
+    exploration: Literal["apex", "linear", "linear_apex"] = "apex"
     """`apex`: env i of N in the run acts with eps_i = apex_epsilon^(1 + apex_alpha * i / (N - 1));
-    `linear`: every env decays eps from epsilon_start to epsilon_end over epsilon_decay_env_steps of the run"""
+    `linear`: every env decays eps from epsilon_start to epsilon_end over epsilon_decay_env_steps of the run;
+    `linear_apex`: env i decays from epsilon_start to its Ape-X eps_i over epsilon_decay_env_steps, then holds it"""
     apex_epsilon: float = 0.4
     """base epsilon of the Ape-X schedule"""
     apex_alpha: float = 7.0
     """exponent range of the Ape-X schedule"""
     epsilon_start: float = 1.0
-    """linear schedule: epsilon at env step 0 of the run"""
+    """linear and linear_apex schedules: epsilon at env step 0 of the run"""
     epsilon_end: float = 0.01
     """linear schedule: epsilon from epsilon_decay_env_steps on"""
     epsilon_decay_env_steps: int = 1_000_000
-    """linear schedule: env steps of the whole run (all collectors) over which epsilon decays"""
+    """linear and linear_apex schedules: env steps of the whole run (all collectors) over which epsilon decays"""
     torch_threads: int = 1
     """torch intra-op threads of each collector process (acting is a small batched forward pass)"""
     device: str = "auto"

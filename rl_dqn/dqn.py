@@ -15,8 +15,10 @@ def apex_epsilons(num_envs: int, first: int, count: int, base: float = 0.4, alph
     return (base ** exponent).float()
 
 
-def linear_epsilon(env_steps: int, start: float, end: float, decay_env_steps: int) -> float:
-    """Epsilon decayed linearly from `start` to `end` over `decay_env_steps`, then held (CleanRL's schedule)."""
+def linear_epsilon(env_steps: int, start: float, end: float | torch.Tensor, decay_env_steps: int
+                   ) -> float | torch.Tensor:
+    """Epsilon decayed linearly from `start` to `end` over `decay_env_steps`, then held (CleanRL's schedule); `end`
+    may be a tensor of per-env floors."""
     fraction = min(env_steps / decay_env_steps, 1.0)
     return start + fraction * (end - start)
 

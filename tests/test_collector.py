@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from envs import describe_env, make_vector_env
+from rl_dqn import dqn
 from rl_dqn.collector import Collector
 from rl_dqn.config import load_config
 from rl_dqn.intake import Intake
@@ -93,6 +94,27 @@ def test_a_collector_steps_sends_chunks_and_adopts_weights_and_the_runs_schedule
             admission = intake.admit(chunk._replace(sender=0), Standing.NEWEST)
             assert admission.refused is None and len(admission.entered) == 1
         assert intake.env_steps == 2 * T * 4
+    finally:
+        env.close()
+
+
+def test_linear_apex_exploration_decays_each_env_to_its_apex_epsilon():
+    cfg, spec, endpoint = prepared("collectors.exploration=linear_apex", "collectors.epsilon_decay_env_steps=1000")
+    collector = Collector(cfg, index=1, transport=endpoint)
+    env = make_vector_env(cfg.env, cfg.env.envs_per_collector, seed=collector.seed)
+    E, c = cfg.env.envs_per_collector, cfg.collectors
+    floors = dqn.apex_epsilons(cfg.num_envs, E, E, c.apex_epsilon, c.apex_alpha)   # collector 1's envs
+    try:
+        assert collector.start(env)
+        assert collector.epsilons.tolist() == [1.0] * E
+        endpoint.run_env_steps = 500   # halfway down, each env towards its own floor
+        for _ in range(c.chunk_steps):
+            collector.step()
+        assert torch.allclose(collector.epsilons, (1.0 + floors) / 2)
+        endpoint.run_env_steps = 5_000   # past the decay: Ape-X's spread, held
+        for _ in range(c.chunk_steps):
+            collector.step()
+        assert torch.allclose(collector.epsilons, floors) and len(set(collector.epsilons.tolist())) == E
     finally:
         env.close()
 

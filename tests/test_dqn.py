@@ -57,6 +57,9 @@ def test_linear_epsilon():
     assert dqn.linear_epsilon(0, 1.0, 0.01, 100) == 1.0
     assert dqn.linear_epsilon(50, 1.0, 0.01, 100) == pytest.approx(0.505)
     assert dqn.linear_epsilon(10_000, 1.0, 0.01, 100) == pytest.approx(0.01)
+    floors = torch.tensor([0.4, 0.1, 0.0])   # per-env floors: each env decays to its own
+    assert dqn.linear_epsilon(50, 1.0, floors, 100).tolist() == pytest.approx([0.7, 0.55, 0.5])
+    assert dqn.linear_epsilon(100, 1.0, floors, 100).tolist() == pytest.approx(floors.tolist())
 
 
 def test_select_actions_is_greedy_at_zero_and_uniform_at_one():
