@@ -103,6 +103,9 @@ class CollectorsConfig:
     """base epsilon of the Ape-X schedule"""
     apex_alpha: float = 7.0
     """exponent range of the Ape-X schedule"""
+    apex_floor: float = 0.0
+    """apex and linear_apex schedules: no env's Ape-X epsilon below this (0 keeps Ape-X's spread as it is; Dopamine's
+    agents train at 0.01)"""
     epsilon_start: float = 1.0
     """linear and linear_apex schedules: epsilon at env step 0 of the run"""
     epsilon_end: float = 0.01
@@ -129,7 +132,7 @@ class CollectorsConfig:
         require(0.0 < self.apex_epsilon <= 1.0, "collectors.apex_epsilon",
                  f"must be in (0, 1], got {self.apex_epsilon}")
         require(self.apex_alpha >= 0.0, "collectors.apex_alpha", f"must be >= 0, got {self.apex_alpha}")
-        for key in ("epsilon_start", "epsilon_end"):
+        for key in ("apex_floor", "epsilon_start", "epsilon_end"):
             value = getattr(self, key)
             require(0.0 <= value <= 1.0, f"collectors.{key}", f"must be in [0, 1], got {value}")
         require(self.epsilon_decay_env_steps >= 1, "collectors.epsilon_decay_env_steps",

@@ -119,6 +119,25 @@ def test_linear_apex_exploration_decays_each_env_to_its_apex_epsilon():
         env.close()
 
 
+def test_apex_floor_lifts_only_the_envs_below_it():
+    overrides = ("collectors.exploration=apex", "collectors.apex_alpha=15", "collectors.apex_floor=0.01")
+    cfg = prepared(*overrides)[0]
+    E, c = cfg.env.envs_per_collector, cfg.collectors
+    spread = torch.cat([dqn.apex_epsilons(cfg.num_envs, i * E, E, c.apex_epsilon, c.apex_alpha) for i in (0, 1)])
+    assert (spread > 0.01).any() and (spread < 0.01).any()
+    epsilons = []
+    for index in (0, 1):
+        _, _, endpoint = prepared(*overrides)
+        collector = Collector(cfg, index=index, transport=endpoint)
+        env = make_vector_env(cfg.env, E, seed=collector.seed)
+        try:
+            assert collector.start(env)
+            epsilons.append(collector.epsilons)
+        finally:
+            env.close()
+    assert torch.equal(torch.cat(epsilons), torch.where(spread < 0.01, torch.tensor(0.01), spread))
+
+
 def test_a_collector_runs_until_the_learner_says_the_run_is_over():
     cfg, _, endpoint = prepared()
     endpoint.stop_after = 3

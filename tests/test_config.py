@@ -65,6 +65,7 @@ def test_overrides_convert_like_a_person_means_them(tmp_path):
     ("transport.tensorpipe_transports=[carrier_pigeon]", "transport.tensorpipe_transports", "uv, shm, ibv"),
     ("env.clip_rewards=maybe", "env.clip_rewards", "true or false"),
     ("collectors.exploration=boltzmann", "collectors.exploration", "apex, linear, linear_apex"),
+    ("collectors.apex_floor=-0.01", "collectors.apex_floor", "must be in [0, 1]"),
     ("train.learning_starts=10", "train.learning_starts", ">= train.batch_size"),
     ("train.replay_capacity=100", "train.replay_capacity", ">= train.learning_starts"),
     ("learner.device=tpu", "learner.device", "auto, cpu, cuda or cuda:N"),
