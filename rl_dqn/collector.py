@@ -113,7 +113,7 @@ class Collector:
         else:
             eps = dqn.apex_epsilons(self.cfg.num_envs, self.index * E, E, c.apex_epsilon, c.apex_alpha)
             eps = eps.clamp(min=c.apex_floor)
-            if c.exploration == "linear_apex":   # each env's own floor: the decay ends on Ape-X's spread
+            if c.exploration == "linear_apex":   # each env decays to its own end: the (floored) Ape-X spread
                 eps = dqn.linear_epsilon(run_env_steps, c.epsilon_start, eps, c.epsilon_decay_env_steps)
         return eps.to(self.policy_device)
 
