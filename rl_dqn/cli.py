@@ -172,6 +172,26 @@ def _check_env(cfg: Config):
     return spec
 
 
+def _available_memory(device) -> int | None:
+    from rl_dqn.system import available_memory
+    return available_memory(device)
+
+
+def check_replay_memory(cfg: Config, spec, device, available: int | None) -> None:
+    """The replay fits the memory `available` on the learner's device (None: unknown, not checked): a replay that
+    does not is refused before the run starts, rather than killed by the kernel once it has filled."""
+    from rl_dqn.replay import bytes_needed
+    t = cfg.train
+    need = bytes_needed(t.replay_capacity, spec.frame_shape, spec.obs_dtype,
+                        t.prioritized and t.initial_priority == "collectors")
+    if available is not None and need > available:
+        per = need // t.replay_capacity
+        raise ConfigError("train.replay_capacity",
+                          f"{t.replay_capacity:,} transitions of {per:,} bytes need {need / 2**30:.1f} GiB on "
+                          f"{device}, which has {available / 2**30:.1f} GiB available; at most "
+                          f"{available // per:,} fit there")
+
+
 def finished_already(cfg: Config, state: dict) -> str | None:
     """Why resuming with `cfg` the run whose newest checkpoint holds `state` would have nothing to do, as one line
     that says how to go on; None when it would train. The run is over at `cfg`'s train.total_env_steps, and, when it
@@ -241,15 +261,16 @@ def _local(cfg: Config, args) -> int:
     if cfg.cluster.world_size not in (0, 1 + cfg.collectors.count) or cfg.cluster.rank != 0:
         raise ConfigError("cluster.world_size", "a local run sizes itself from collectors.count; "
                                                 "leave cluster.world_size and cluster.rank unset")
-    _check_env(cfg)
+    spec = _check_env(cfg)
     init_method = cfg.cluster.init_method or f"tcp://127.0.0.1:{free_port()}"
     common = [*args.overrides, f"run.name={cfg.run.name}", f"cluster.init_method={init_method}",
               f"cluster.world_size={1 + cfg.collectors.count}", f"cluster.interface={cfg.cluster.interface or 'lo'}",
               "cluster.single_node=true"]
     # Every role's devices and maps, as each will see them, checked before any of them starts.
     one_node = load_config(args.config, [*common, "cluster.rank=1"])
-    for rank in range(one_node.world_size):
-        _placement(one_node, rank)
+    learner_device = [_placement(one_node, rank) for rank in range(one_node.world_size)][0].device
+    if learner_device.type == "cpu":   # a GPU's free memory the learner reads itself: CUDA does not start here
+        check_replay_memory(cfg, spec, learner_device, _available_memory(learner_device))
     if (line := _finished_already(cfg)) is not None:
         say("local", line)
         return 0
@@ -336,6 +357,7 @@ def _learner(cfg: Config, args) -> int:
     _check_learner_address(cfg)
     spec = _check_env(cfg)
     placement = _placement(cfg, 0)
+    check_replay_memory(cfg, spec, placement.device, _available_memory(placement.device))
     if (line := _finished_already(cfg)) is not None:   # before the run folder is touched or RPC joined
         say("learner", line)
         return 0

@@ -46,6 +46,15 @@ class Batch(NamedTuple):
     weights: torch.Tensor      # [B] float32: importance-sampling weights (ones for uniform replay)
 
 
+def bytes_needed(capacity: int, frame_shape: tuple[int, ...], frame_dtype: torch.dtype,
+                 collector_priorities: bool = False) -> int:
+    """Memory a ReplayMemory of `capacity` transitions allocates: per entry one frame, the action (8 bytes), the
+    reward (4), two flags (2), the sum tree's leaf and write stamp (12) and, with collector priorities, two Q-values
+    (8); the tree's upper levels add a small fraction of its leaves."""
+    frame = torch.Size(frame_shape).numel() * torch.empty((), dtype=frame_dtype).element_size()
+    return capacity * (frame + 26 + (8 if collector_priorities else 0))
+
+
 class ReplayMemory:
     """extend(lanes, chunk), sample(batch_size) -> Batch, update_priorities(index, td_errors), len()."""
 

@@ -52,6 +52,20 @@ def configure_process() -> None:
     flush_denormals()
 
 
+def available_memory(device: torch.device | str = "cpu") -> int | None:
+    """Bytes a new allocation can take on `device` without swapping or failing: the kernel's MemAvailable for the
+    CPU, the free memory of a GPU; None where it cannot be read."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        lines = Path("/proc/meminfo").read_text().splitlines()
+    except OSError:
+        return None
+    kib = next((int(line.split()[1]) for line in lines if line.startswith("MemAvailable:")), None)
+    return None if kib is None else kib * 1024
+
+
 def machine() -> dict:
     """What a result was measured on: the CPU (model, the cores this process may use, whether it has AVX512-BF16 or
     AMX, which decide network.precision: auto), the GPUs and the software."""

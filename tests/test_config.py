@@ -205,6 +205,27 @@ def test_launcher_script_refuses_bad_input_before_starting_anything(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_replay_larger_than_the_memory_is_refused_before_starting(tmp_path):
+    env = dict(os.environ, RL_DQN_RUNS_DIR=str(tmp_path))
+    result = _cli("local", "configs/smoke.yaml", "train.replay_capacity=10000000000000", env=env)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("rl_dqn: config error: train.replay_capacity: 10,000,000,000,000 transitions of ")
+    assert "GiB available; at most " in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_replay_check_counts_what_the_memory_allocates():
+    from envs import EnvSpec
+    from rl_dqn.cli import check_replay_memory
+    cfg = load_config(ROOT / "configs/atari_cpu.yaml", ["train.replay_capacity=200000"])
+    spec = EnvSpec((4, 84, 84), torch.uint8, 6)
+    check_replay_memory(cfg, spec, "cpu", None)                  # unknown: not checked
+    check_replay_memory(cfg, spec, "cpu", 200_000 * 7_082)       # one frame and 26 bytes per transition fit
+    with pytest.raises(ConfigError, match=r"^train.replay_capacity: 200,000 transitions of 7,082 bytes need 1.3 GiB "
+                                          r"on cpu, which has 1.0 GiB available; at most 151,615 fit there$"):
+        check_replay_memory(cfg, spec, "cpu", 2**30)
+
+
 def test_config_that_is_not_utf8_is_refused(tmp_path):
     path = tmp_path / "latin1.yaml"
     path.write_bytes("run:\n  name: caf\xe9\n".encode("latin-1"))

@@ -11,7 +11,7 @@ import torch
 from envs import EnvSpec, make_vector_env
 from rl_dqn.collector import ChunkBuilder
 from rl_dqn.config import EnvConfig
-from rl_dqn.replay import ReplayMemory
+from rl_dqn.replay import ReplayMemory, bytes_needed
 from rl_dqn.types import Chunk
 
 
@@ -206,6 +206,12 @@ def test_memory_per_transition_is_one_frame_plus_scalars():
     tensors += [t for level in getattr(replay.tree, "levels", []) for t in [level]]
     stored = sum(t.nbytes for t in tensors)
     assert 84 * 84 + 14 + 8 <= stored / 100_000 <= 84 * 84 + 27
+    # What the learner checks against the memory it has (cli.check_replay_memory), within the tree's upper levels.
+    assert 0 <= stored - bytes_needed(100_000, (84, 84), torch.uint8) <= 100_000
+    collector = ReplayMemory(capacity=100_000, num_lanes=4, frame_shape=(84, 84), frame_dtype=torch.uint8,
+                             frame_stack=4, prioritized=True, initial_priority="collectors")
+    assert collector.q_taken.nbytes + collector.q_max.nbytes == \
+        bytes_needed(100_000, (84, 84), torch.uint8, True) - bytes_needed(100_000, (84, 84), torch.uint8)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
