@@ -172,11 +172,6 @@ def _check_env(cfg: Config):
     return spec
 
 
-def _available_memory(device) -> int | None:
-    from rl_dqn.system import available_memory
-    return available_memory(device)
-
-
 def check_replay_memory(cfg: Config, spec, device, available: int | None) -> None:
     """The replay fits the memory `available` on the learner's device (None: unknown, not checked): a replay that
     does not is refused before the run starts, rather than killed by the kernel once it has filled."""
@@ -268,9 +263,11 @@ def _local(cfg: Config, args) -> int:
               "cluster.single_node=true"]
     # Every role's devices and maps, as each will see them, checked before any of them starts.
     one_node = load_config(args.config, [*common, "cluster.rank=1"])
-    learner_device = [_placement(one_node, rank) for rank in range(one_node.world_size)][0].device
+    placements = [_placement(one_node, rank) for rank in range(one_node.world_size)]
+    learner_device = placements[0].device
     if learner_device.type == "cpu":   # a GPU's free memory the learner reads itself: CUDA does not start here
-        check_replay_memory(cfg, spec, learner_device, _available_memory(learner_device))
+        from rl_dqn.system import available_memory
+        check_replay_memory(cfg, spec, learner_device, available_memory(learner_device))
     if (line := _finished_already(cfg)) is not None:
         say("local", line)
         return 0
@@ -349,7 +346,7 @@ def _learner(cfg: Config, args) -> int:
     from rl_dqn import checkpoints
     from rl_dqn.learner import Learner
     from rl_dqn.trainer import torch_threads
-    from rl_dqn.system import configure_process
+    from rl_dqn.system import available_memory, configure_process
     from rl_dqn.transport import LearnerTransport, TransportError
     if not cfg.cluster.single_node:
         _require_cluster(cfg, collector_node=False)
@@ -357,7 +354,7 @@ def _learner(cfg: Config, args) -> int:
     _check_learner_address(cfg)
     spec = _check_env(cfg)
     placement = _placement(cfg, 0)
-    check_replay_memory(cfg, spec, placement.device, _available_memory(placement.device))
+    check_replay_memory(cfg, spec, placement.device, available_memory(placement.device))
     if (line := _finished_already(cfg)) is not None:   # before the run folder is touched or RPC joined
         say("learner", line)
         return 0
@@ -390,7 +387,7 @@ def _learner(cfg: Config, args) -> int:
 def _collector(cfg: Config, args) -> int:
     """One collector process in slot cluster.rank + local index - 1; it may replace one that died."""
     from rl_dqn.collector import Collector
-    from rl_dqn.system import configure_process
+    from rl_dqn.system import available_memory, configure_process
     from rl_dqn.transport import CollectorTransport, TransportError
     rank = cfg.cluster.rank + args.local_index
     if rank < 1 or rank >= cfg.world_size:
