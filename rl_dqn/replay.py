@@ -73,7 +73,10 @@ class ReplayMemory:
         self.initial_priority = initial_priority if prioritized else "max"
         self.device = d = torch.device(replay_device)
         shape = (num_lanes, self.lane_capacity)
-        self.frames = torch.zeros(*shape, *frame_shape, dtype=frame_dtype, device=d)
+        # Left as allocated, not zeroed: no frame is read before it is written (_stack masks what reaches back past
+        # an episode's start, and each lane starts with one), so a large memory takes its pages as chunks fill it
+        # instead of writing all of them before the first chunk can come in.
+        self.frames = torch.empty(*shape, *frame_shape, dtype=frame_dtype, device=d)
         self.actions = torch.zeros(shape, dtype=torch.int64, device=d)
         self.rewards = torch.zeros(shape, dtype=torch.float32, device=d)
         self.terminated = torch.zeros(shape, dtype=torch.bool, device=d)
@@ -291,7 +294,8 @@ class ReplayMemory:
         starts = self.first[rows, positions[:, 1:]]
         earlier = starts.flip(1).cummax(1).values.flip(1)                  # [B, S-1]: ticks k-S+1 .. k-1
         keep = torch.cat([~earlier, torch.ones_like(earlier[:, :1])], dim=1)
-        return frames.mul_(keep.view(*keep.shape, *([1] * (frames.dim() - 2))))
+        # A select, not a product: a frame never written may hold anything, NaN included.
+        return torch.where(keep.view(*keep.shape, *([1] * (frames.dim() - 2))), frames, 0)
 
     def _gather(self, lane: torch.Tensor, tick: torch.Tensor, index: torch.Tensor | None = None,
                 weights: torch.Tensor | None = None, n_step: int | None = None) -> Batch:

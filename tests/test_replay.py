@@ -45,6 +45,21 @@ def test_stacks_by_hand():
     assert drawn == {(0, 0, 1), (0, 1, 2), (1, 2, 3), (0, 0, 5), (0, 5, 6), (5, 6, 7)}
 
 
+@pytest.mark.parametrize("filler", [float("nan"), 255.0])
+def test_no_frame_is_read_before_it_is_written(filler):
+    # The store is not zeroed when it is made: whatever its unwritten frames hold, stacks that reach back past a
+    # lane's first step or an episode's start read zeros there, before and after the ring wraps.
+    replay = ReplayMemory(capacity=24, num_lanes=2, frame_shape=(1,), frame_dtype=torch.float32, frame_stack=3)
+    replay.frames.fill_(filler)
+    generator = torch.Generator().manual_seed(0)
+    for start in range(0, 40, 4):
+        replay.extend(0, hand_chunk(list(range(start + 1, start + 5)), first=[start % 8 == 0, 0, 0, 0]))
+        stacks = {tuple(o) for o in replay.sample(256, generator).obs.flatten(1).tolist()}
+        assert all(0 <= v <= start + 4 for stack in stacks for v in stack), stacks
+        if start == 0:
+            assert {(0, 0, 1), (0, 1, 2)} <= stacks
+
+
 def test_a_chunk_bridges_into_the_next_one():
     replay = ReplayMemory(capacity=100, num_lanes=1, frame_shape=(1,), frame_dtype=torch.float32, frame_stack=2)
     replay.extend(0, hand_chunk([1, 2, 3], first=[1, 0, 0]))
