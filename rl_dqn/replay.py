@@ -74,7 +74,7 @@ class ReplayMemory:
         self.device = d = torch.device(replay_device)
         shape = (num_lanes, self.lane_capacity)
         # Left as allocated, not zeroed: no frame is read before it is written (_stack masks what reaches back past
-        # an episode's start, and each lane starts with one), so a large memory takes its pages as chunks fill it
+        # an episode's start, and each lane starts with one; state_dict zeroes the unwritten ones it saves), so a large memory takes its pages as chunks fill it
         # instead of writing all of them before the first chunk can come in.
         self.frames = torch.empty(*shape, *frame_shape, dtype=frame_dtype, device=d)
         self.actions = torch.zeros(shape, dtype=torch.int64, device=d)
@@ -161,6 +161,9 @@ class ReplayMemory:
         """Everything the memory holds (tensors on its device). Of each lane only the positions written so far are
         kept, so a memory far from full saves in proportion to what it holds, not to its capacity."""
         filled = int(self.written.max().clamp(max=self.lane_capacity))
+        # Frames never written hold whatever their allocation held: zeroed here, so that what is saved is only
+        # what was written (they are overwritten before they are read, so the memory itself does not change).
+        self.frames[torch.arange(self.lane_capacity, device=self.device) >= self.written[:, None]] = 0
         return {name: store[:, :filled].clone() if name in _PER_LANE and filled < self.lane_capacity else store
                 for name, store in self._stores().items()}
 

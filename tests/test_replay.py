@@ -188,6 +188,7 @@ def test_a_saved_memory_holds_what_was_written_and_restores_to_the_same_draws(tm
                      torch.zeros(0, dtype=torch.float64), torch.zeros(0, dtype=torch.int64))
 
     replay = memory()
+    replay.frames.fill_(255)   # what an allocation may hold before anything is written: never saved
     for start in range(0, 100, 20):
         replay.extend(0, chunk(10, start))
     path = tmp_path / "replay.pt"
