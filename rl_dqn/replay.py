@@ -74,8 +74,8 @@ class ReplayMemory:
         self.device = d = torch.device(replay_device)
         shape = (num_lanes, self.lane_capacity)
         # Left as allocated, not zeroed: no frame is read before it is written (_stack masks what reaches back past
-        # an episode's start, and each lane starts with one; state_dict zeroes the unwritten ones it saves), so a large memory takes its pages as chunks fill it
-        # instead of writing all of them before the first chunk can come in.
+        # an episode's start, and each lane starts with one; state_dict zeroes the unwritten ones it saves), so a
+        # large memory takes its pages as chunks fill it instead of writing all of them before the first chunk.
         self.frames = torch.empty(*shape, *frame_shape, dtype=frame_dtype, device=d)
         self.actions = torch.zeros(shape, dtype=torch.int64, device=d)
         self.rewards = torch.zeros(shape, dtype=torch.float32, device=d)
