@@ -387,7 +387,7 @@ def _learner(cfg: Config, args) -> int:
 def _collector(cfg: Config, args) -> int:
     """One collector process in slot cluster.rank + local index - 1; it may replace one that died."""
     from rl_dqn.collector import Collector
-    from rl_dqn.system import available_memory, configure_process
+    from rl_dqn.system import configure_process
     from rl_dqn.transport import CollectorTransport, TransportError
     rank = cfg.cluster.rank + args.local_index
     if rank < 1 or rank >= cfg.world_size:
