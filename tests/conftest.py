@@ -15,3 +15,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _launch_clock_of_its_own(monkeypatch):
+    """A command run in this process sets the launch time its child processes inherit (console.LAUNCHED_AT_ENV);
+    each test starts without one, so that the runs it launches measure start-up from their own launch."""
+    from rl_dqn.console import LAUNCHED_AT_ENV
+    monkeypatch.delenv(LAUNCHED_AT_ENV, raising=False)

@@ -67,12 +67,17 @@ def pid_of_role(run_name: str, role: str) -> int:
 
 
 def wait_for(condition, timeout: float, what: str):
+    """The condition's first true value within `timeout` seconds. It is asked once more at the deadline, so that a
+    machine that stalls (a busy neighbour, a paused VM) across the deadline does not fail a wait whose condition
+    came true meanwhile."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = condition()
         if value:
             return value
         time.sleep(0.2)
+    if value := condition():
+        return value
     pytest.fail(f"timed out waiting for {what}")
 
 
@@ -256,7 +261,7 @@ def test_collector_nodes_join_a_running_learner_whenever_they_come_and_leave_it_
     sent = time.monotonic()
     first.process.send_signal(signal.SIGINT)
     assert first.finish(40) == 128 + signal.SIGINT and time.monotonic() - sent < 30, first.text[-3000:]
-    left = learner.wait_for("[learner] collector0 left", timeout=10, after=sent)
+    left = learner.wait_for("[learner] collector0 left", timeout=60, after=sent)
 
     def trained_since_left() -> bool:
         """learner/updates, logged every interval, rose after collector0 left."""
