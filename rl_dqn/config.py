@@ -82,9 +82,19 @@ class NetworkConfig:
     running away; `none`: plain layers. The convolutions are never normalized. A checkpoint's network is read back
     with its own run's setting"""
 
+    quantiles: int = 0
+    """0: the head gives each action's Q-value, trained on the Huber loss of its TD error; N >= 2: it gives N
+    quantiles of each action's return, at the fractions (2i + 1) / 2N, trained on the quantile Huber loss against
+    the N quantiles of the target's bootstrap (QR-DQN, Dabney et al. 2017, https://arxiv.org/abs/1710.10044; the
+    distributional part of Rainbow, as quantiles rather than C51's fixed atoms). Acting takes the mean of an action's
+    quantiles as its Q-value; prioritized replay takes each sample's quantile loss as its priority. The output layer
+    grows N-fold, the rest of the network not at all. A checkpoint's network is read back with its own run's setting"""
+
     def __post_init__(self):
         require(len(self.mlp_hidden) >= 1 and all(h >= 1 for h in self.mlp_hidden), "network.mlp_hidden",
                  f"must be a non-empty list of widths >= 1, got {list(self.mlp_hidden)}")
+        require(self.quantiles == 0 or self.quantiles >= 2, "network.quantiles",
+                 f"must be 0 (Q-values) or a number of quantiles >= 2, got {self.quantiles}")
 
 
 @dataclass(frozen=True)
