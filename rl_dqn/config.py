@@ -471,6 +471,9 @@ class Config:
         require(self.eval.max_episode_frames == 0 or self.eval.max_episode_frames >= self.env.frame_skip,
                  "eval.max_episode_frames", f"must be 0 or >= env.frame_skip ({self.env.frame_skip}), got "
                                             f"{self.eval.max_episode_frames}")
+        require(not (self.network.quantiles and self.train.prioritized and self.train.initial_priority == "collectors"),
+                 "train.initial_priority", "must be max with network.quantiles: the collectors' priorities are TD "
+                                           "errors of Q-values, the learner's each sample's quantile loss")
         lane_steps = self.train.replay_capacity // self.num_envs
         need = 2 * self.collectors.chunk_steps + self.env.frame_stack + self.train.n_step + 1
         require(lane_steps >= need, "train.replay_capacity",

@@ -104,6 +104,13 @@ def test_bad_values_name_their_key(override, key, allowed):
     assert str(error.value).startswith(f"{key}: ") and allowed in str(error.value)
 
 
+def test_quantiles_refuse_the_collectors_priorities_which_measure_another_error():
+    with pytest.raises(ConfigError) as error:
+        load_config(ROOT / "configs/cartpole.yaml", ["network.quantiles=8", "train.initial_priority=collectors"])
+    assert error.value.key == "train.initial_priority" and "must be max with network.quantiles" in str(error.value)
+    assert load_config(ROOT / "configs/cartpole.yaml", ["network.quantiles=8", "train.initial_priority=max"])
+
+
 def test_resolved_config_round_trips(tmp_path):
     cfg = load_config(ROOT / "configs/pong.yaml", ["run.name=rt", "train.lr=3e-4"])
     save_config(cfg, tmp_path / "config.yaml")

@@ -162,7 +162,8 @@ def test_updates_learn_the_chain_values(tmp_path, device):
 def test_quantile_updates_learn_the_chain_values_in_every_quantile(tmp_path, overrides):
     """network.quantiles: the chain's returns are certain, so every quantile of each action settles at its value,
     and prioritized replay takes each sample's quantile loss for its priority."""
-    learner = make_learner(tmp_path, "network.quantiles=4", "train.prioritized=true", *overrides)
+    learner = make_learner(tmp_path, "network.quantiles=4", "train.prioritized=true", "train.initial_priority=max",
+                           *overrides)
     for seq in range(4):
         learner.intake.ingest(chain_chunk(seq % 2, seq // 2, episodes=10))
     seen = []
