@@ -89,7 +89,7 @@ def channels_last_copy(frames: torch.Tensor, dtype: torch.dtype) -> torch.Tensor
 
 class QNetwork(nn.Module):
     """A CNN for stacked 84x84 frames (`torso`: one of TORSOS), or an MLP for vector observations, with a plain or
-    a dueling head (Wang et al. 2016, https://arxiv.org/abs/1511.06581). With `quantiles` N > 0 the head gives N
+    a dueling head (Wang et al. 2016, https://arxiv.org/abs/1511.06581). With `quantiles` N >= 2 the head gives N
     quantiles of each action's return, as QR-DQN's (Dabney et al. 2017, https://arxiv.org/abs/1710.10044):
     quantile_values() returns them and forward() their mean, the action's Q-value, so that whoever acts on the
     network needs no other path.
