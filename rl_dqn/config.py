@@ -87,8 +87,9 @@ class NetworkConfig:
     quantiles of each action's return, at the fractions (2i + 1) / 2N, trained on the quantile Huber loss against
     the N quantiles of the target's bootstrap (QR-DQN, Dabney et al. 2017, https://arxiv.org/abs/1710.10044; the
     distributional part of Rainbow, as quantiles rather than C51's fixed atoms). Acting takes the mean of an action's
-    quantiles as its Q-value; prioritized replay takes each sample's quantile loss as its priority. The output layer
-    grows N-fold, the rest of the network not at all. A checkpoint's network is read back with its own run's setting"""
+    quantiles as its Q-value; prioritized replay takes each sample's quantile loss as its priority, which grows with
+    the square of an error below 1 where a TD error's grows with the error. The output layer grows N-fold, the rest
+    of the network not at all. A checkpoint's network is read back with its own run's setting"""
 
     def __post_init__(self):
         require(len(self.mlp_hidden) >= 1 and all(h >= 1 for h in self.mlp_hidden), "network.mlp_hidden",

@@ -84,11 +84,10 @@ def quantile_huber_loss(quantiles: torch.Tensor, targets: torch.Tensor, weights:
     (train.max_grad_norm) and Adam's epsilon would not, so the mean keeps the gradients and priorities at the scale
     of the Huber loss of a TD error. Returns that loss and each sample's unweighted loss `[B]` (what prioritized
     replay takes as its priority)."""
-    tau = quantile_fractions(quantiles.shape[1], quantiles.device)
+    tau = quantile_fractions(quantiles.shape[1], quantiles.device)[None, :, None]
     u = targets.detach()[:, None, :] - quantiles[:, :, None]                    # [B, N, N']
-    huber = F.smooth_l1_loss(quantiles[:, :, None].expand_as(u), targets.detach()[:, None, :].expand_as(u),
-                             reduction="none")
-    per_sample = ((tau[None, :, None] - (u.detach() < 0).to(u.dtype)).abs() * huber).mean(dim=(1, 2))
+    huber = torch.where(u.abs() <= 1, 0.5 * u ** 2, u.abs() - 0.5)
+    per_sample = ((tau - (u.detach() < 0).float()).abs() * huber).mean(dim=(1, 2))
     loss = (per_sample if weights is None else per_sample * weights).mean()
     return loss, per_sample.detach()
 

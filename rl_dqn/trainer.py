@@ -81,8 +81,9 @@ class Trainer:
 
     def step(self, env_steps: int) -> Update:
         """One update (Double DQN's, or with train.double false Nature DQN's) on an n-step batch, drawn uniformly
-        or by priority (then weighted by importance and re-prioritized by its TD errors), `env_steps` into the run:
-        as a replay of the captured CUDA graph of the whole update (learner.cuda_graph, on a GPU), or eagerly."""
+        or by priority (then weighted by importance and re-prioritized by its TD errors, or with network.quantiles
+        by each sample's quantile loss), `env_steps` into the run: as a replay of the captured CUDA graph of the
+        whole update (learner.cuda_graph, on a GPU), or eagerly."""
         t = self.cfg.train
         self._env_steps = env_steps
         lr = dqn.linear_schedule(env_steps, t.lr, t.lr_end, t.lr_decay_start_env_steps,
@@ -119,7 +120,7 @@ class Trainer:
         self._apply(loss, q)
         if self._prepared is not None:
             concurrent.futures.wait([self._prepared])
-        return self._update(q, targets, loss)
+        return self._result(q, targets, loss)
 
     def _taken(self, inputs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         """The online network's Q(s, a) of the batch's actions `[B]`, or with network.quantiles its quantiles
@@ -156,8 +157,9 @@ class Trainer:
         self.replay.update_priorities(batch.index, errors)
         return targets, loss
 
-    def _update(self, q: torch.Tensor, targets: torch.Tensor, loss: torch.Tensor) -> Update:
-        if self.network.quantiles:   # the quantiles' means: Q(s, a) and its target, as without them
+    def _result(self, q: torch.Tensor, targets: torch.Tensor, loss: torch.Tensor) -> Update:
+        """What the update reports: with network.quantiles the quantiles' means, Q(s, a) and its target."""
+        if self.network.quantiles:
             q, targets = q.mean(dim=1), targets.mean(dim=1)
         return Update(q.detach(), targets, loss.detach())
 
@@ -171,7 +173,7 @@ class Trainer:
         if self.averaged is not None:   # one fused pass over all parameters
             torch._foreach_lerp_(self.averaged, list(self.network.parameters()), 1.0 / self.cfg.eval.ema_updates)
         self._loss_sum.add_(loss.detach())
-        self._q_sum.add_(q.detach().mean())   # with quantiles, the mean of their means
+        self._q_sum.add_(q.detach().mean())
 
     # -------------------------------------------------------------------------------- the captured update
 
@@ -232,7 +234,7 @@ class Trainer:
         q = self._taken(self.network.inputs(batch.obs), batch.actions)
         targets, loss = self._loss(batch, q, online, next_target)
         self._apply(loss, q)
-        return self._update(q, targets, loss)
+        return self._result(q, targets, loss)
 
     def _capture(self, n_step: int) -> tuple[torch.cuda.CUDAGraph, Update]:
         """Captures _graph_body() after warming it up on a side stream (as torch.cuda.graphs' whole-network

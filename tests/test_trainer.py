@@ -158,7 +158,8 @@ def test_updates_learn_the_chain_values(tmp_path, device):
     assert learner.trainer.updates == 600
 
 
-@pytest.mark.parametrize("overrides", [[], ["train.double=false", "network.dueling=true"]], ids=["double", "nature-dueling"])
+@pytest.mark.parametrize("overrides", [[], ["train.double=false", "network.dueling=true"]],
+                         ids=["double", "nature-dueling"])
 def test_quantile_updates_learn_the_chain_values_in_every_quantile(tmp_path, overrides):
     """network.quantiles: the chain's returns are certain, so every quantile of each action settles at its value,
     and prioritized replay takes each sample's quantile loss for its priority."""
@@ -178,6 +179,23 @@ def test_quantile_updates_learn_the_chain_values_in_every_quantile(tmp_path, ove
     assert quantiles[0].flatten().tolist() == pytest.approx([0.9] * 8, abs=0.05)   # gamma x Q(s1): it bootstraps
     assert len(seen) == 600 and all(e.shape == (32,) and (e >= 0).all() for e in seen)
     assert seen[-1].mean() < 0.1 * seen[0].mean()   # the priorities fall as the quantiles are learned
+
+
+def test_quantiles_learn_the_spread_of_a_reward_that_is_a_coin_toss(tmp_path):
+    """s1's reward is +1 or -1 with even odds: each action's quantiles of s1 spread out in order, from below -0.5 to
+    above 0.5 (the quantile Huber loss puts the fractions 1/8 and 7/8 of an even +-1 at -6/7 and 6/7; the replay's
+    80 tosses are not exactly even). Quantiles trained with their fraction on the wrong index, or not trained at
+    all, would not spread."""
+    learner = make_learner(tmp_path, "network.quantiles=4", "train.initial_priority=max")
+    for seq in range(4):
+        learner.intake.ingest(chain_chunk(seq % 2, seq // 2, episodes=10, coin=True))
+    for _ in range(600):
+        learner.step()
+    with torch.no_grad():
+        quantiles = learner.trainer.network.quantile_values(torch.tensor([[S1]]))[0]
+    for action in quantiles:
+        assert action.tolist() == sorted(action.tolist()), quantiles
+        assert action[0] < -0.5 and action[-1] > 0.5, quantiles
 
 
 def test_nature_dqn_targets_learn_the_chain_values_with_or_without_overlap(tmp_path, monkeypatch):
