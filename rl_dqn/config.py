@@ -82,9 +82,20 @@ class NetworkConfig:
     running away; `none`: plain layers. The convolutions are never normalized. A checkpoint's network is read back
     with its own run's setting"""
 
+    quantiles: int = 0
+    """0: the head gives each action's Q-value, trained on the Huber loss of its TD error; N >= 2: it gives N
+    quantiles of each action's return, at the fractions (2i + 1) / 2N, trained on the quantile Huber loss against
+    the N quantiles of the target's bootstrap (QR-DQN, Dabney et al. 2017, https://arxiv.org/abs/1710.10044; the
+    distributional part of Rainbow, as quantiles rather than C51's fixed atoms). Acting takes the mean of an action's
+    quantiles as its Q-value; prioritized replay takes each sample's quantile loss as its priority, which grows with
+    the square of an error below 1 where a TD error's grows with the error. The output layer grows N-fold, the rest
+    of the network not at all. A checkpoint's network is read back with its own run's setting"""
+
     def __post_init__(self):
         require(len(self.mlp_hidden) >= 1 and all(h >= 1 for h in self.mlp_hidden), "network.mlp_hidden",
                  f"must be a non-empty list of widths >= 1, got {list(self.mlp_hidden)}")
+        require(self.quantiles == 0 or self.quantiles >= 2, "network.quantiles",
+                 f"must be 0 (Q-values) or a number of quantiles >= 2, got {self.quantiles}")
 
 
 @dataclass(frozen=True)
@@ -461,6 +472,9 @@ class Config:
         require(self.eval.max_episode_frames == 0 or self.eval.max_episode_frames >= self.env.frame_skip,
                  "eval.max_episode_frames", f"must be 0 or >= env.frame_skip ({self.env.frame_skip}), got "
                                             f"{self.eval.max_episode_frames}")
+        require(not (self.network.quantiles and self.train.prioritized and self.train.initial_priority == "collectors"),
+                 "train.initial_priority", "must be max with network.quantiles: the collectors' priorities are TD "
+                                           "errors of Q-values, the learner's each sample's quantile loss")
         lane_steps = self.train.replay_capacity // self.num_envs
         need = 2 * self.collectors.chunk_steps + self.env.frame_stack + self.train.n_step + 1
         require(lane_steps >= need, "train.replay_capacity",

@@ -1,5 +1,5 @@
-"""The DQN math as small pure functions: exploration schedules, action choice, the DQN and Double DQN targets, the
-loss."""
+"""The DQN math as small pure functions: exploration schedules, action choice, the DQN and Double DQN targets and
+loss, and their QR-DQN forms over quantiles."""
 
 from __future__ import annotations
 
@@ -54,6 +54,42 @@ def td_loss(q_taken: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor 
     scaled by its importance weight when replay is prioritized."""
     loss = F.smooth_l1_loss(q_taken, targets.detach(), reduction="none")
     return (loss if weights is None else loss * weights).mean()
+
+
+def quantile_fractions(n: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """The fractions tau_i = (2i + 1) / 2n, i = 0..n-1, whose quantiles a QR-DQN head gives: the midpoints of n
+    equal slices of probability (Dabney et al. 2017, https://arxiv.org/abs/1710.10044, Lemma 2)."""
+    return (2 * torch.arange(n, device=device, dtype=torch.float32) + 1) / (2 * n)
+
+
+def quantile_target(returns: torch.Tensor, discounts: torch.Tensor, next_quantiles_target: torch.Tensor,
+                    next_q_online: torch.Tensor | None = None) -> torch.Tensor:
+    """The target's quantiles `[B, N]`: R + discount * theta_j(s', a*) for each quantile j of the target network's
+    `next_quantiles_target` `[B, actions, N]`, at the action a* that maximizes the online network's Q-values
+    `next_q_online` (Double DQN's choice), or the target's own mean over its quantiles when that is None (Nature
+    DQN's). R and the discount as in double_dqn_target()."""
+    chooser = next_quantiles_target.mean(dim=2) if next_q_online is None else next_q_online
+    next_actions = chooser.argmax(dim=1)
+    index = next_actions[:, None, None].expand(-1, 1, next_quantiles_target.shape[2])
+    next_values = next_quantiles_target.gather(1, index).squeeze(1)
+    return returns[:, None] + discounts[:, None] * next_values
+
+
+def quantile_huber_loss(quantiles: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """QR-DQN's loss of the taken action's quantiles `[B, N]` against the (constant) target's `[B, N']`: for every
+    pair, u = target_j - quantile_i weighs Huber(u) (kappa 1) by |tau_i - 1{u < 0}|; averaged over the pairs of a
+    sample, each sample scaled by its importance weight when replay is prioritized, then averaged over the batch.
+    The paper sums over i: a constant factor N, which Adam's step would absorb but gradient clipping
+    (train.max_grad_norm) and Adam's epsilon would not, so the mean keeps the gradients and priorities at the scale
+    of the Huber loss of a TD error. Returns that loss and each sample's unweighted loss `[B]` (what prioritized
+    replay takes as its priority)."""
+    tau = quantile_fractions(quantiles.shape[1], quantiles.device)[None, :, None]
+    u = targets.detach()[:, None, :] - quantiles[:, :, None]                    # [B, N, N']
+    huber = torch.where(u.abs() <= 1, 0.5 * u ** 2, u.abs() - 0.5)
+    per_sample = ((tau - (u.detach() < 0).float()).abs() * huber).mean(dim=(1, 2))
+    loss = (per_sample if weights is None else per_sample * weights).mean()
+    return loss, per_sample.detach()
 
 
 def linear_schedule(env_steps: int, start: float, end: float | None, start_env_steps: int, end_env_steps: int

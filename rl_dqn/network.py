@@ -89,7 +89,10 @@ def channels_last_copy(frames: torch.Tensor, dtype: torch.dtype) -> torch.Tensor
 
 class QNetwork(nn.Module):
     """A CNN for stacked 84x84 frames (`torso`: one of TORSOS), or an MLP for vector observations, with a plain or
-    a dueling head (Wang et al. 2016, https://arxiv.org/abs/1511.06581).
+    a dueling head (Wang et al. 2016, https://arxiv.org/abs/1511.06581). With `quantiles` N >= 2 the head gives N
+    quantiles of each action's return, as QR-DQN's (Dabney et al. 2017, https://arxiv.org/abs/1710.10044):
+    quantile_values() returns them and forward() their mean, the action's Q-value, so that whoever acts on the
+    network needs no other path.
 
     Observations are `[B, stack, *frame_shape]` in their stored dtype; uint8 frames are taken as scaled to [0, 1],
     less `frame_offset` (network.frame_offset: `none`, `half` or `background`; see `inputs()` and `_features()`), so
@@ -102,13 +105,15 @@ class QNetwork(nn.Module):
 
     def __init__(self, obs_shape: tuple[int, ...], num_actions: int, mlp_hidden: tuple[int, ...] = (256, 256),
                  dueling: bool = False, precision: str = "fp32", torso: str = "nature",
-                 frame_offset: str = "none", norm: str = "none"):
+                 frame_offset: str = "none", norm: str = "none", quantiles: int = 0):
         super().__init__()
         self.is_image = len(obs_shape) == 3
         if frame_offset not in ("none", "half", "background"):
             raise ValueError(f"frame_offset must be none, half or background, got {frame_offset!r}")
         if norm not in ("none", "layer"):
             raise ValueError(f"norm must be none or layer, got {norm!r}")
+        if quantiles < 0 or quantiles == 1:
+            raise ValueError(f"quantiles must be 0 (Q-values) or at least 2, got {quantiles}")
 
         def dense(inputs: int, outputs: int) -> list[nn.Module]:
             """A hidden fully connected layer: with `norm="layer"` its outputs are normalized (LayerNorm, with its
@@ -116,6 +121,7 @@ class QNetwork(nn.Module):
             return [nn.Linear(inputs, outputs), *((nn.LayerNorm(outputs),) if norm == "layer" else ()), nn.ReLU()]
         self.frame_offset = frame_offset
         self.dueling = dueling
+        self.quantiles, self.num_actions = quantiles, num_actions
         self.compute_dtype = PRECISIONS[precision]
         if self.is_image:
             stack, height, frame_width = obs_shape
@@ -139,10 +145,12 @@ class QNetwork(nn.Module):
 
             def hidden() -> nn.Module:
                 return nn.Identity()
-        # Q (or the advantage, when dueling) and, when dueling, the state value: each its own hidden layer.
-        self.head_hidden, self.head = hidden(), nn.Linear(width, num_actions)
+        # Q (or the advantage, when dueling) and, when dueling, the state value: each its own hidden layer; with
+        # quantiles, N outputs for each.
+        outputs = max(quantiles, 1)
+        self.head_hidden, self.head = hidden(), nn.Linear(width, num_actions * outputs)
         if dueling:
-            self.value_hidden, self.value = hidden(), nn.Linear(width, 1)
+            self.value_hidden, self.value = hidden(), nn.Linear(width, outputs)
         self.channels_last = False
         self.set_layout(channels_last=self.is_image)
 
@@ -164,7 +172,7 @@ class QNetwork(nn.Module):
         set_layout(); moving it to `device` keeps the layout)."""
         precision = resolve_precision(network_cfg.precision, device)
         return cls(obs_shape, num_actions, network_cfg.mlp_hidden, network_cfg.dueling, precision,
-                   network_cfg.torso, network_cfg.frame_offset, network_cfg.norm).to(device)
+                   network_cfg.torso, network_cfg.frame_offset, network_cfg.norm, network_cfg.quantiles).to(device)
 
     def for_acting(self, channels_last: bool | None = None) -> QNetwork:
         """This network in eval mode for forward passes only (collectors, evaluation, play, the learner's target
@@ -217,6 +225,20 @@ class QNetwork(nn.Module):
         return x
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """Q-values `[B, actions]`: with quantiles, the mean of each action's quantiles."""
+        values = self._values(obs)
+        return values.mean(dim=2) if self.quantiles else values
+
+    def quantile_values(self, obs: torch.Tensor) -> torch.Tensor:
+        """With quantiles N: each action's N quantiles of the return, `[B, actions, N]`, in the order of the
+        quantile fractions (2i + 1) / 2N (dqn.quantile_fractions())."""
+        if not self.quantiles:
+            raise ValueError("quantile_values() of a network without quantiles (network.quantiles=0)")
+        return self._values(obs)
+
+    def _values(self, obs: torch.Tensor) -> torch.Tensor:
+        """Q-values `[B, actions]`, or with quantiles the quantiles `[B, actions, N]` (a dueling head adds each
+        quantile of the state value to the advantages' quantile less their mean over the actions)."""
         x = self.inputs(obs)
         mixed = self.compute_dtype != torch.float32
         with torch.autocast(x.device.type, dtype=self.compute_dtype, enabled=mixed):
@@ -224,6 +246,9 @@ class QNetwork(nn.Module):
             h = self.head_hidden(features)
             v = self.value_hidden(features) if self.dueling else None
         q = self.head(h.float())
+        if self.quantiles:
+            q = q.view(q.shape[0], self.num_actions, self.quantiles)
         if not self.dueling:
             return q
-        return self.value(v.float()) + q - q.mean(dim=1, keepdim=True)
+        value = self.value(v.float())
+        return (value[:, None] if self.quantiles else value) + q - q.mean(dim=1, keepdim=True)

@@ -25,7 +25,8 @@ def torch_threads(cfg: Config) -> int:
 
 
 class Update(NamedTuple):
-    """What one update computed, on the trainer's device: the batch's Q(s, a), its TD targets and the loss."""
+    """What one update computed, on the trainer's device: the batch's Q(s, a), its TD targets and the loss (with
+    network.quantiles, the means of Q(s, a)'s quantiles and of the target's)."""
     q: torch.Tensor
     targets: torch.Tensor
     loss: torch.Tensor
@@ -80,8 +81,9 @@ class Trainer:
 
     def step(self, env_steps: int) -> Update:
         """One update (Double DQN's, or with train.double false Nature DQN's) on an n-step batch, drawn uniformly
-        or by priority (then weighted by importance and re-prioritized by its TD errors), `env_steps` into the run:
-        as a replay of the captured CUDA graph of the whole update (learner.cuda_graph, on a GPU), or eagerly."""
+        or by priority (then weighted by importance and re-prioritized by its TD errors, or with network.quantiles
+        by each sample's quantile loss), `env_steps` into the run: as a replay of the captured CUDA graph of the
+        whole update (learner.cuda_graph, on a GPU), or eagerly."""
         t = self.cfg.train
         self._env_steps = env_steps
         lr = dqn.linear_schedule(env_steps, t.lr, t.lr_end, t.lr_decay_start_env_steps,
@@ -104,7 +106,7 @@ class Trainer:
         batch, inputs, next_inputs, next_target = self._take_prepared() or self._prepare_batch()
         if self._helper is not None and t.double:
             next_online = self._helper.submit(self._online_values, next_inputs)
-        q = self.network(inputs).gather(1, batch.actions[:, None]).squeeze(1)
+        q = self._taken(inputs, batch.actions)
         online = None
         if t.double:
             online = next_online.result() if self._helper is not None else self._online_values(next_inputs)
@@ -118,21 +120,48 @@ class Trainer:
         self._apply(loss, q)
         if self._prepared is not None:
             concurrent.futures.wait([self._prepared])
-        return Update(q.detach(), targets, loss.detach())
+        return self._result(q, targets, loss)
+
+    def _taken(self, inputs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """The online network's Q(s, a) of the batch's actions `[B]`, or with network.quantiles its quantiles
+        `[B, N]`."""
+        if not self.network.quantiles:
+            return self.network(inputs).gather(1, actions[:, None]).squeeze(1)
+        values = self.network.quantile_values(inputs)
+        return values.gather(1, actions[:, None, None].expand(-1, 1, values.shape[2])).squeeze(1)
+
+    def _target_values(self, next_inputs: torch.Tensor) -> torch.Tensor:
+        """The target network's values of s': Q-values `[B, actions]`, or with network.quantiles their quantiles
+        `[B, actions, N]`."""
+        return self.target.quantile_values(next_inputs) if self.target.quantiles else self.target(next_inputs)
 
     def _loss(self, batch, q: torch.Tensor, next_online: torch.Tensor | None, next_target: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The TD targets and the loss of Q(s, a) `q`; the batch's new priorities go into the replay (before the next
-        batch is drawn)."""
+        """The TD targets and the loss of Q(s, a) `q` (with network.quantiles, of its quantiles against the
+        target's); the batch's new priorities go into the replay (before the next batch is drawn): its absolute TD
+        errors, or each sample's quantile loss."""
         t = self.cfg.train
+        weights = batch.weights if t.prioritized else None
         with torch.no_grad():
-            if t.double:
+            if self.network.quantiles:
+                targets = dqn.quantile_target(batch.returns, batch.discounts, next_target,
+                                              next_online if t.double else None)
+            elif t.double:
                 targets = dqn.double_dqn_target(batch.returns, batch.discounts, next_online, next_target)
             else:
                 targets = dqn.dqn_target(batch.returns, batch.discounts, next_target)
-        loss = dqn.td_loss(q, targets, batch.weights if t.prioritized else None)
-        self.replay.update_priorities(batch.index, q.detach() - targets)
+        if self.network.quantiles:
+            loss, errors = dqn.quantile_huber_loss(q, targets, weights)
+        else:
+            loss, errors = dqn.td_loss(q, targets, weights), q.detach() - targets
+        self.replay.update_priorities(batch.index, errors)
         return targets, loss
+
+    def _result(self, q: torch.Tensor, targets: torch.Tensor, loss: torch.Tensor) -> Update:
+        """What the update reports: with network.quantiles the quantiles' means, Q(s, a) and its target."""
+        if self.network.quantiles:
+            q, targets = q.mean(dim=1), targets.mean(dim=1)
+        return Update(q.detach(), targets, loss.detach())
 
     def _apply(self, loss: torch.Tensor, q: torch.Tensor) -> None:
         """The gradient step on `loss`, the weights' moving average and the sums that mean_loss_and_q() reads, all
@@ -200,12 +229,12 @@ class Trainer:
         batch = self.replay.sample_at(self._offsets, self._beta, n_step)
         with torch.no_grad():
             next_inputs = self.target.inputs(batch.next_obs)
-            next_target = self.target(next_inputs)
+            next_target = self._target_values(next_inputs)
             online = self.network(next_inputs) if t.double else None
-        q = self.network(self.network.inputs(batch.obs)).gather(1, batch.actions[:, None]).squeeze(1)
+        q = self._taken(self.network.inputs(batch.obs), batch.actions)
         targets, loss = self._loss(batch, q, online, next_target)
         self._apply(loss, q)
-        return Update(q.detach(), targets, loss.detach())
+        return self._result(q, targets, loss)
 
     def _capture(self, n_step: int) -> tuple[torch.cuda.CUDAGraph, Update]:
         """Captures _graph_body() after warming it up on a side stream (as torch.cuda.graphs' whole-network
@@ -267,7 +296,7 @@ class Trainer:
         batch = self.replay.sample(t.batch_size, self.generator, beta, self._n_step())
         with torch.no_grad():
             next_inputs = self.target.inputs(batch.next_obs)        # converted once for both networks
-            return batch, self.network.inputs(batch.obs), next_inputs, self.target(next_inputs)
+            return batch, self.network.inputs(batch.obs), next_inputs, self._target_values(next_inputs)
 
     def _online_values(self, next_inputs: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():

@@ -75,6 +75,8 @@ def test_overrides_convert_like_a_person_means_them(tmp_path):
     ("lr=1", "lr=1", "section.key=value"),
     ("network.torso=resnet", "network.torso", "one of nature, nips"),
     ("network.precision=fp16", "network.precision", "one of auto, fp32, bf16"),
+    ("network.quantiles=1", "network.quantiles", "0 (Q-values) or a number of quantiles >= 2"),
+    ("network.quantiles=-3", "network.quantiles", "0 (Q-values) or a number of quantiles >= 2"),
     ("eval.envs=0", "eval.envs", ">= 1"),
     ("eval.ema_updates=-1", "eval.ema_updates", ">= 0 (0 = none)"),
     ("eval.screen_episodes=-1", "eval.screen_episodes", "0 (off) or 1 to eval.episodes - 1"),
@@ -100,6 +102,13 @@ def test_bad_values_name_their_key(override, key, allowed):
         load_config(ROOT / "configs/smoke.yaml", [override])
     assert error.value.key == key
     assert str(error.value).startswith(f"{key}: ") and allowed in str(error.value)
+
+
+def test_quantiles_refuse_the_collectors_priorities_which_measure_another_error():
+    with pytest.raises(ConfigError) as error:
+        load_config(ROOT / "configs/cartpole.yaml", ["network.quantiles=8", "train.initial_priority=collectors"])
+    assert error.value.key == "train.initial_priority" and "must be max with network.quantiles" in str(error.value)
+    assert load_config(ROOT / "configs/cartpole.yaml", ["network.quantiles=8", "train.initial_priority=max"])
 
 
 def test_resolved_config_round_trips(tmp_path):

@@ -31,6 +31,27 @@ def test_dueling_q_is_value_plus_centred_advantage():
     torch.testing.assert_close(q, value + advantage - advantage.mean(1, keepdim=True))
 
 
+@pytest.mark.parametrize("dueling", [False, True])
+def test_a_quantile_head_gives_n_quantiles_per_action_and_acts_on_their_mean(dueling):
+    torch.manual_seed(0)
+    net = QNetwork((4, 84, 84), 6, dueling=dueling, quantiles=8)
+    obs = torch.randint(0, 255, (5, 4, 84, 84), dtype=torch.uint8)
+    with torch.no_grad():
+        quantiles = net.quantile_values(obs)
+        q = net(obs)
+        features = net.torso(obs.float() / 255.0)
+        head = net.head(net.head_hidden(features)).view(5, 6, 8)
+    assert net.head.out_features == 6 * 8 and quantiles.shape == (5, 6, 8)
+    torch.testing.assert_close(q, quantiles.mean(dim=2))
+    if dueling:   # each quantile of the state value, plus the advantages' quantile less their mean over actions
+        value = net.value(net.value_hidden(features))
+        assert value.shape == (5, 8)
+        head = value[:, None] + head - head.mean(dim=1, keepdim=True)
+    torch.testing.assert_close(quantiles, head, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="network.quantiles=0"):
+        QNetwork((4, 84, 84), 6).quantile_values(obs)
+
+
 def test_mixed_precision_keeps_float32_parameters_and_gradients():
     torch.manual_seed(0)
     net = QNetwork((4, 84, 84), 6, precision="bf16")

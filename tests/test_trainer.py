@@ -63,7 +63,8 @@ def run(trainer: Trainer, updates: int) -> list[tuple[float, float]]:
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("overrides", [[], ["train.double=false", "train.prioritized=false", "eval.ema_updates=10"],
-                                       ["network.precision=bf16"]], ids=["pong_cpu", "nature-uniform-ema", "bf16"])
+                                       ["network.precision=bf16"], ["network.quantiles=8"]],
+                         ids=["pong_cpu", "nature-uniform-ema", "bf16", "quantiles"])
 def test_the_static_update_computes_what_the_eager_one_does(device, overrides):
     """Same replay, same seed: the update on static buffers (replayed as a CUDA graph on a GPU) and the eager one
     give the same losses and TD errors update after update, across a target refresh, and leave the same gradients,
@@ -155,6 +156,46 @@ def test_updates_learn_the_chain_values(tmp_path, device):
     assert q[1].tolist() == pytest.approx([1.0, 1.0], abs=0.05)
     assert q[0].tolist() == pytest.approx([0.9, 0.9], abs=0.05)     # gamma x Q(s1): it bootstraps
     assert learner.trainer.updates == 600
+
+
+@pytest.mark.parametrize("overrides", [[], ["train.double=false", "network.dueling=true"]],
+                         ids=["double", "nature-dueling"])
+def test_quantile_updates_learn_the_chain_values_in_every_quantile(tmp_path, overrides):
+    """network.quantiles: the chain's returns are certain, so every quantile of each action settles at its value,
+    and prioritized replay takes each sample's quantile loss for its priority."""
+    learner = make_learner(tmp_path, "network.quantiles=4", "train.prioritized=true", "train.initial_priority=max",
+                           *overrides)
+    for seq in range(4):
+        learner.intake.ingest(chain_chunk(seq % 2, seq // 2, episodes=10))
+    seen = []
+    original = learner.trainer.replay.update_priorities
+    learner.trainer.replay.update_priorities = lambda index, errors: (seen.append(errors), original(index, errors))
+    for _ in range(600):
+        learner.step()
+    with torch.no_grad():
+        quantiles = learner.trainer.network.quantile_values(torch.tensor([[S0], [S1]]))
+    assert quantiles.shape == (2, 2, 4)
+    assert quantiles[1].flatten().tolist() == pytest.approx([1.0] * 8, abs=0.05)
+    assert quantiles[0].flatten().tolist() == pytest.approx([0.9] * 8, abs=0.05)   # gamma x Q(s1): it bootstraps
+    assert len(seen) == 600 and all(e.shape == (32,) and (e >= 0).all() for e in seen)
+    assert seen[-1].mean() < 0.1 * seen[0].mean()   # the priorities fall as the quantiles are learned
+
+
+def test_quantiles_learn_the_spread_of_a_reward_that_is_a_coin_toss(tmp_path):
+    """s1's reward is +1 or -1 with even odds: each action's quantiles of s1 spread out in order, from below -0.5 to
+    above 0.5 (the quantile Huber loss puts the fractions 1/8 and 7/8 of an even +-1 at -6/7 and 6/7; the replay's
+    80 tosses are not exactly even). Quantiles trained with their fraction on the wrong index, or not trained at
+    all, would not spread."""
+    learner = make_learner(tmp_path, "network.quantiles=4", "train.initial_priority=max")
+    for seq in range(4):
+        learner.intake.ingest(chain_chunk(seq % 2, seq // 2, episodes=10, coin=True))
+    for _ in range(600):
+        learner.step()
+    with torch.no_grad():
+        quantiles = learner.trainer.network.quantile_values(torch.tensor([[S1]]))[0]
+    for action in quantiles:
+        assert action.tolist() == sorted(action.tolist()), quantiles
+        assert action[0] < -0.5 and action[-1] > 0.5, quantiles
 
 
 def test_nature_dqn_targets_learn_the_chain_values_with_or_without_overlap(tmp_path, monkeypatch):
