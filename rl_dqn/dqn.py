@@ -62,6 +62,11 @@ def quantile_fractions(n: int, device: torch.device | str | None = None) -> torc
     return (2 * torch.arange(n, device=device, dtype=torch.float32) + 1) / (2 * n)
 
 
+def quantiles_of(quantiles: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+    """Each row's quantiles `[B, N]` of its action in `actions` `[B]`, from every action's `[B, actions, N]`."""
+    return quantiles.gather(1, actions[:, None, None].expand(-1, 1, quantiles.shape[2])).squeeze(1)
+
+
 def quantile_target(returns: torch.Tensor, discounts: torch.Tensor, next_quantiles_target: torch.Tensor,
                     next_q_online: torch.Tensor | None = None) -> torch.Tensor:
     """The target's quantiles `[B, N]`: R + discount * theta_j(s', a*) for each quantile j of the target network's
@@ -69,9 +74,7 @@ def quantile_target(returns: torch.Tensor, discounts: torch.Tensor, next_quantil
     `next_q_online` (Double DQN's choice), or the target's own mean over its quantiles when that is None (Nature
     DQN's). R and the discount as in double_dqn_target()."""
     chooser = next_quantiles_target.mean(dim=2) if next_q_online is None else next_q_online
-    next_actions = chooser.argmax(dim=1)
-    index = next_actions[:, None, None].expand(-1, 1, next_quantiles_target.shape[2])
-    next_values = next_quantiles_target.gather(1, index).squeeze(1)
+    next_values = quantiles_of(next_quantiles_target, chooser.argmax(dim=1))
     return returns[:, None] + discounts[:, None] * next_values
 
 

@@ -127,8 +127,7 @@ class Trainer:
         `[B, N]`."""
         if not self.network.quantiles:
             return self.network(inputs).gather(1, actions[:, None]).squeeze(1)
-        values = self.network.quantile_values(inputs)
-        return values.gather(1, actions[:, None, None].expand(-1, 1, values.shape[2])).squeeze(1)
+        return dqn.quantiles_of(self.network.quantile_values(inputs), actions)
 
     def _target_values(self, next_inputs: torch.Tensor) -> torch.Tensor:
         """The target network's values of s': Q-values `[B, actions]`, or with network.quantiles their quantiles
