@@ -19,6 +19,7 @@ Bad input exits with code 2 and one line naming the problem; a role that fails e
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib
 import os
 import signal
@@ -320,6 +321,11 @@ def _require_cluster(cfg: Config, collector_node: bool) -> None:
 # ----------------------------------------------------------------------------------------------- roles
 
 
+# A role still running this long after its first stop signal prints where each of its threads stands, once: a
+# supervisor kills what still runs after its grace (20 s), and the stacks say what held the role up.
+STOPPING_STACKS_S = 15.0
+
+
 def _stop_on_signals() -> threading.Event:
     """SIGINT and SIGTERM ask the role to stop and flush; a third signal ends the process at once."""
     stop = threading.Event()
@@ -329,6 +335,8 @@ def _stop_on_signals() -> threading.Event:
         received.append(signum)
         if len(received) >= 3:
             os._exit(128 + signum)
+        if len(received) == 1:   # faulthandler's own thread: it prints even if this one is blocked in C++
+            faulthandler.dump_traceback_later(STOPPING_STACKS_S, exit=False, file=sys.stderr)
         stop.set()
 
     for s in (signal.SIGINT, signal.SIGTERM):

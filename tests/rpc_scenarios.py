@@ -333,3 +333,22 @@ def rpc_call(message):
 
     from rl_dqn.transport import rpc as transport_rpc
     return rpc.rpc_sync("learner", transport_rpc._submit_chunk, args=(message,), timeout=10)
+
+
+# ------------------------------------------------------------------------------------------------- signals
+
+
+def signalled_learner(port: int, events) -> None:
+    """A learner transport waiting for chunks in the main thread, where a signal lands whose handler outlasts the
+    wait's timeout (a SimpleQueue there once waited for good, and a stop signal never stopped the learner)."""
+    cfg = config(port, "cpu", world_size=2)
+    transport = LearnerTransport(cfg, threading.Event(), place(cfg, 0, 0))
+    signal.signal(signal.SIGALRM, lambda *_: time.sleep(0.1))
+    try:
+        for _ in range(3):
+            signal.setitimer(signal.ITIMER_REAL, 0.01)
+            started = time.monotonic()
+            delivered = transport.receive(timeout=0.05)
+            events.put(("learner", "waited", (round(time.monotonic() - started, 2), delivered)))
+    finally:
+        transport.close()

@@ -199,3 +199,11 @@ def test_a_collector_that_joins_before_the_first_publish_gets_those_weights(kind
     by = {(who, what): value for who, what, value in events}
     assert by[("learner", "published v0 to")] == 1, events
     assert by[("collector0", "weights")] == (0, True, "cuda:0" if kind == "cuda" else "cpu"), events
+
+
+def test_a_signal_during_the_learners_wait_does_not_make_it_wait_for_good():
+    """The learner's loop waits for chunks with a timeout in the main thread; a signal whose handler runs past that
+    timeout (a stop signal on a busy machine) still lets the wait end, so the loop sees the stop."""
+    events = run_processes([(rpc_scenarios.signalled_learner, (free_port(),))], timeout=45)
+    waits = [value for who, what, value in events if what == "waited"]
+    assert len(waits) == 3 and all(delivered == [] and took < 5 for took, delivered in waits), events

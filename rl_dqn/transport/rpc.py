@@ -251,7 +251,9 @@ class LearnerTransport:
         global _endpoint
         self.cfg = cfg
         self.placement = placement
-        self._inbox: queue.SimpleQueue[RpcDelivery] = queue.SimpleQueue()
+        # A Queue, not a SimpleQueue: the loop waits on it in the main thread, where signals land, and CPython's
+        # SimpleQueue.get(timeout=...) waits for good once a signal handler runs past its deadline.
+        self._inbox: queue.Queue[RpcDelivery] = queue.Queue()
         self._lock = threading.RLock()         # membership below: the admission thread, RPC threads, the loop
         self.alive: set[str] = set()           # collectors that said hello and have not been lost or left
         self.lost: dict[str, str] = {}         # collector name -> why it was last dropped
