@@ -207,3 +207,22 @@ def test_a_multi_node_run_must_name_its_interface():
                              "cluster.init_method=tcp://127.0.0.1:29500"], cwd=ROOT, capture_output=True, text=True,
                             env=dict(os.environ, RL_DQN_PYTHON=sys.executable))
     assert result.returncode == 2 and result.stderr.startswith("rl_dqn: config error: cluster.interface: must name")
+
+
+def test_a_role_still_running_after_its_stop_signal_says_where_each_thread_stands():
+    """A role that a stop signal does not end within STOPPING_STACKS_S prints every thread's stack (once), before
+    its supervisor kills it; the signal itself still asks the role to stop."""
+    code = ("import os, signal, sys, threading, time\n"
+            "from rl_dqn import cli\n"
+            "cli.STOPPING_STACKS_S = 0.5\n"
+            "stop = cli._stop_on_signals()\n"
+            "def stuck_somewhere(): time.sleep(30)\n"
+            "os.kill(os.getpid(), signal.SIGTERM)\n"
+            "print('stop asked', stop.wait(5), flush=True)\n"
+            "threading.Thread(target=stuck_somewhere, daemon=True).start()\n"
+            "time.sleep(2)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "stop asked True"
+    assert done.stderr.startswith("Timeout (0:00:00.500000)!"), done.stderr
+    assert "in stuck_somewhere" in done.stderr and done.stderr.count("Timeout") == 1, done.stderr
