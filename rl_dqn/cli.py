@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import importlib
+import json
 import os
 import signal
 import socket
@@ -31,8 +32,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from rl_dqn.config import Config, ConfigError, load_config, save_config
-from rl_dqn.console import LAUNCHED_AT_ENV, OneLineParser, launched_at, say
-from rl_dqn.supervisor import EXIT_BAD_INPUT, EXIT_LEARNER_LOST, free_port
+from rl_dqn.console import LAUNCHED_AT_ENV, PROGRESS_ENV, PROGRESS_MARK, OneLineParser, launched_at, say
+from rl_dqn.supervisor import EXIT_BAD_INPUT, EXIT_LEARNER_LOST, SAVING, free_port
 
 RUNS_DIR = Path(os.environ.get("RL_DQN_RUNS_DIR") or Path(__file__).resolve().parents[1] / "runs")
 
@@ -335,13 +336,36 @@ def _stop_on_signals() -> threading.Event:
         received.append(signum)
         if len(received) >= 3:
             os._exit(128 + signum)
-        if len(received) == 1:   # faulthandler's own thread: it prints even if this one is blocked in C++
-            faulthandler.dump_traceback_later(STOPPING_STACKS_S, exit=False, file=sys.stderr)
+        if len(received) == 1:
+            _stacks_later()
         stop.set()
 
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, handler)
     return stop
+
+
+def _stacks_later() -> None:
+    """Every thread's stack to stderr in STOPPING_STACKS_S, unless called again before (faulthandler's own thread:
+    it prints even while this process's threads are blocked in C++). Not where stderr is no file (captured)."""
+    try:
+        faulthandler.dump_traceback_later(STOPPING_STACKS_S, exit=False, file=sys.stderr)
+    except (AttributeError, ValueError, OSError):   # io.UnsupportedOperation is both an OSError and a ValueError
+        pass
+
+
+def _saving_told(role: str, stop: threading.Event):
+    """What a role does as a checkpoint it writes grows: a progress line for its node's supervisor, which waits for
+    a stopping role while these come (a replay of gigabytes takes longer to write than its grace), and, once the
+    role is stopping, its stacks printed only after STOPPING_STACKS_S without one."""
+    lines = os.environ.get(PROGRESS_ENV) == "1"
+
+    def told(written: int) -> None:
+        if stop.is_set():
+            _stacks_later()
+        if lines:
+            print(f"[{role}] {PROGRESS_MARK} {json.dumps({SAVING: written})}", flush=True)
+    return told
 
 
 def _role_error(role: str, message: str, code: int = 1) -> int:
@@ -371,6 +395,7 @@ def _learner(cfg: Config, args) -> int:
     torch.set_num_threads(torch_threads(cfg))
     configure_process()
     learner = Learner(cfg, spec, folder, stop=stop, device=placement.device, launched_at=launched_at())
+    learner.saving = _saving_told("learner", stop)
     save_config(learner.config_as_run(), folder / "config.yaml")
     learner.report.write_run_info(sys.argv, resumed=cfg.run.resume)
     if cfg.run.resume:

@@ -15,6 +15,7 @@ import dataclasses
 import queue
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -70,6 +71,8 @@ class Learner:
         self.stop_score_reached: dict | None = None
         # How run() ended, for summary.json: "total_env_steps", "stop_score", "signal" or "error" (None: not run).
         self.ended: str | None = None
+        # Told the bytes written, about once a second, while a checkpoint is written (see checkpoints.save).
+        self.saving: Callable[[int], None] | None = None
         self._closed = False
 
     def config_as_run(self) -> Config:
@@ -276,7 +279,8 @@ class Learner:
                          "elapsed_s": self.report.elapsed(), "stop_score_reached": self.stop_score_reached},
         } | self._identity()
         replay = trainer.replay.state_dict() if self.cfg.learner.checkpoint_replay else None
-        return checkpoints.save(self.run_dir, state, replay, trainer.updates, self.cfg.learner.keep_checkpoints)
+        return checkpoints.save(self.run_dir, state, replay, trainer.updates, self.cfg.learner.keep_checkpoints,
+                                self.saving)
 
     def restore(self, path: Path) -> None:
         """Continues from a checkpoint: network, target, optimizer, counters, schedules, the sampling generator
@@ -308,6 +312,11 @@ class Learner:
         self.close_evaluator()
         self.trainer.close()
         try:
+            frames, held = self.trainer.replay.frames, len(self.trainer.replay)
+            size = held * frames[0, 0].numel() * frames.element_size()
+            if self.cfg.learner.checkpoint_replay and size >= 1 << 30:   # a file that takes a while to write
+                say("learner", f"writing the last checkpoint with the replay's {held:,} transitions "
+                               f"({size / 2**30:.1f} GiB of frames), for run.resume")
             self.save_checkpoint()
             self.log()
             self.write_summary()

@@ -3,7 +3,8 @@
 The node ends when its roles end. A role with restarts left (a collector) that dies is started again: the new
 process joins the running learner in the same slot. Any other role that dies stops the others, and the node exits
 non-zero, naming the role and why. On SIGINT or SIGTERM every role is asked to stop (each then flushes what it
-holds), and whatever is still running after `grace_s` is killed, so nothing outlives the node.
+holds), and whatever is still running after `grace_s` is killed, so nothing outlives the node. A role writing a
+checkpoint says so as the file grows (SAVING): the node waits while it does, up to `grace_s` after its last word.
 
 Once the role that finishes the run (the learner) has exited 0, the run is complete: no role is started again, the
 roles still running are asked to stop, and the node exits 0 whatever they do then; one line names any that did not
@@ -38,6 +39,8 @@ class RoleSpec(NamedTuple):
 EXIT_BAD_INPUT, EXIT_LEARNER_LOST = 2, 3
 NOT_RESTARTED = {EXIT_BAD_INPUT: "bad input", EXIT_LEARNER_LOST: "the learner is gone"}
 RESTART_DELAY_S = 1.0
+# The key of a role's progress report while a checkpoint it writes grows: the bytes written so far.
+SAVING = "saving_bytes"
 
 
 def free_port() -> int:
@@ -53,6 +56,7 @@ class _Role:
         self.restarts_left = spec.restarts
         self.tail: collections.deque[str] = collections.deque(maxlen=20)
         self.progress: tuple[float, dict] | None = None   # (when, report) of its newest progress line
+        self.saving_at: float | None = None   # when it last said a checkpoint it writes had grown
         self._start()
 
     def _start(self) -> None:
@@ -66,7 +70,10 @@ class _Role:
         for line in self.process.stdout:
             line = line.rstrip("\n")
             if PROGRESS_MARK in line and (report := _progress_report(line)) is not None:
-                self.progress = (time.monotonic(), report)
+                if SAVING in report:
+                    self.saving_at = time.monotonic()
+                else:
+                    self.progress = (time.monotonic(), report)
                 continue
             if line.strip():
                 self.tail.append(line.strip())
@@ -151,7 +158,8 @@ def supervise(specs: list[RoleSpec], node: str, grace_s: float = 20.0, progress:
     roles = [_Role(spec, env) for spec in specs]
     failed: str | None = None
     complete = False   # the learner finished the run
-    stuck: list[_Role] = []   # killed, still running grace_s after being asked to stop
+    stuck: list[_Role] = []   # killed, still running `waited` seconds after being asked to stop
+    waited = 0.0
     stop_deadline: float | None = None
     try:
         while [r.process.poll() for r in roles].count(None):   # poll every role: each poll updates its returncode
@@ -182,10 +190,11 @@ def supervise(specs: list[RoleSpec], node: str, grace_s: float = 20.0, progress:
                     # running are leaving, which a signal does not change, or were joining and never hear its word.
                     _signal_all(roles, signal.SIGTERM)
                     stop_deadline = time.monotonic() + grace_s
-            elif time.monotonic() > stop_deadline:
+            elif time.monotonic() > _deadline(roles, stop_deadline, grace_s):
                 stuck = [r for r in roles if r.process.poll() is None]
+                waited = time.monotonic() - stop_deadline + grace_s
                 if not complete:   # else the last line names them
-                    print(f"{node}: killing {', '.join(r.spec.label for r in stuck)}, still running {grace_s:g} s "
+                    print(f"{node}: killing {', '.join(r.spec.label for r in stuck)}, still running {waited:.0f} s "
                           f"after being asked to stop", file=sys.stderr, flush=True)
                 _signal_all(roles, signal.SIGKILL)
                 break
@@ -205,12 +214,19 @@ def supervise(specs: list[RoleSpec], node: str, grace_s: float = 20.0, progress:
     if complete or stop_deadline is None and _finished(roles):   # or every role ended between two polls
         if bad:
             print(f"{node}: the run is complete; not stopped cleanly, which does not fail it: " + ", ".join(
-                f"{r.spec.label} ({r.why()}" + (f", still running {grace_s:g} s after the run ended)" if r in stuck
+                f"{r.spec.label} ({r.why()}" + (f", still running {waited:.0f} s after the run ended)" if r in stuck
                                                 else ")") for r in bad), flush=True)
         return 0
     for role in bad:
         print(f"{node}: {role.spec.label} {role.why()}", file=sys.stderr, flush=True)
     return 1 if bad else 0
+
+
+def _deadline(roles: list[_Role], stop_deadline: float, grace_s: float) -> float:
+    """When the roles still running are killed: `stop_deadline`, or later while one says a checkpoint it writes is
+    growing (grace_s after it last said so)."""
+    saving = [r.saving_at + grace_s for r in roles if r.saving_at is not None and r.process.poll() is None]
+    return max([stop_deadline, *saving])
 
 
 def _finished(roles: list[_Role]) -> bool:

@@ -226,3 +226,24 @@ def test_a_role_still_running_after_its_stop_signal_says_where_each_thread_stand
     assert done.stdout.strip() == "stop asked True"
     assert done.stderr.startswith("Timeout (0:00:00.500000)!"), done.stderr
     assert "in stuck_somewhere" in done.stderr and done.stderr.count("Timeout") == 1, done.stderr
+
+
+def test_a_role_writing_a_checkpoint_tells_its_node_as_the_file_grows(capsys, monkeypatch):
+    """The line its node's supervisor reads to wait for a stopping learner while its checkpoint grows (the node's
+    side: tests/test_resume.py)."""
+    import faulthandler
+    import threading
+
+    from rl_dqn import cli
+    from rl_dqn.console import PROGRESS_ENV
+    from rl_dqn.supervisor import SAVING, _progress_report
+    monkeypatch.setenv(PROGRESS_ENV, "1")
+    stop = threading.Event()
+    stop.set()
+    told = cli._saving_told("learner", stop)
+    try:
+        told(4096)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("[learner] @progress") and _progress_report(line) == {SAVING: 4096}, line

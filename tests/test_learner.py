@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import queue
 import re
 import threading
@@ -20,6 +21,7 @@ from tensorboard.plugins.custom_scalar.layout_pb2 import Layout
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 from test_end_to_end import TAGS, summaries_of
 
+from rl_dqn import checkpoints
 from rl_dqn.evaluate import EvalResult, load_player
 from rl_dqn.transport import Change, LearnerEndpoint, Membership, Standing
 from rl_dqn.types import Ack, Chunk
@@ -163,6 +165,32 @@ def test_checkpoints_are_complete_pruned_and_resume_everything(tmp_path):
     learner.step()
     assert all(torch.equal(x, y) for x, y in zip(fresh.trainer.network.parameters(),
                                                 learner.trainer.network.parameters()))
+
+
+def test_a_checkpoint_reaches_the_disk_in_slices_and_tells_the_bytes_written_as_it_grows(tmp_path, monkeypatch):
+    """A replay of gigabytes takes longer to write than a node's grace for its roles to stop: the file goes to disk
+    as it is written (its last sync is short), and the learner hears how far it has got (its supervisor waits
+    while it grows)."""
+    monkeypatch.setattr(checkpoints._Writing, "SLICE_BYTES", 4096)
+    monkeypatch.setattr(checkpoints._Writing, "SYNC_BYTES", 16384)
+    monkeypatch.setattr(checkpoints._Writing, "TELL_S", 0.0)
+    synced = []
+    fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), fsync(fd))[1])
+    learner = make_learner(tmp_path)
+    learner.intake.ingest(chain_chunk(0, 0, episodes=30))
+    told = []
+    learner.saving = told.append
+    path = learner.save_checkpoint()
+    replay = learner.trainer.replay.state_dict()
+    size = sum(p.stat().st_size for p in (tmp_path / "checkpoints").iterdir())
+    assert size > 16384 * 4, size
+    # Told as each slice went (two files, each counted from its start), synced every 16 KiB and at each end.
+    assert len(told) >= size // 4096 and told[-1] <= path.stat().st_size, told
+    assert len(synced) >= size // 16384 + 1, (len(synced), size)
+    state, saved = checkpoints.load(path)
+    assert state["counters"]["env_steps"] == learner.intake.env_steps
+    assert all(torch.equal(saved[name], value) for name, value in replay.items())
 
 
 def test_a_checkpoint_from_the_other_kind_of_device_resumes_with_a_new_sampling_seed(tmp_path, capsys):

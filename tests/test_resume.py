@@ -281,6 +281,40 @@ def test_a_collector_that_dies_before_the_run_ends_still_fails_the_node(tmp_path
            "stopping the other roles" in err, err
 
 
+# A learner that, asked to stop, writes a checkpoint for argv[2] seconds, saying so as the file grows as the real
+# one does (rl_dqn.cli), then writes argv[1] and hangs.
+SAVING_LEARNER = """
+import json, pathlib, signal, sys, time
+from rl_dqn.console import PROGRESS_MARK
+from rl_dqn.supervisor import SAVING
+stopping = []
+signal.signal(signal.SIGTERM, lambda *_: stopping.append(time.monotonic()))
+while not stopping:
+    time.sleep(0.05)
+while time.monotonic() - stopping[0] < float(sys.argv[2]):
+    print(f"[learner] {PROGRESS_MARK} {json.dumps({SAVING: 1})}", flush=True)
+    time.sleep(0.2)
+pathlib.Path(sys.argv[1]).write_text("saved")
+time.sleep(60)
+"""
+
+
+def test_a_stopping_role_is_waited_for_while_its_checkpoint_grows_and_killed_once_it_goes_quiet(tmp_path, capsys):
+    """A replay of gigabytes takes longer to write than the node's grace: the node waits while the learner says its
+    checkpoint grows, and kills it grace_s after it last said so."""
+    saved = tmp_path / "saved"
+    started = time.monotonic()
+    code = supervise([role("learner", SAVING_LEARNER, str(saved), "3", finishes_run=True),
+                      role("collector0", COLLECTOR, str(tmp_path / "started"), str(tmp_path / "pid"), "die")],
+                     node="local", grace_s=1.0)
+    took = time.monotonic() - started
+    _, err = capsys.readouterr()
+    assert code == 1 and saved.read_text() == "saved", err
+    killed = [line for line in err.splitlines() if line.startswith("local: killing learner")]
+    assert killed and 3.5 < took < 15, (took, err)
+    assert "@progress" not in err
+
+
 # ------------------------------------------------------------------------------------ real runs
 
 
