@@ -27,6 +27,7 @@ from rl_dqn.console import StartupClock, say
 from rl_dqn.evaluate import EvalResult, Evaluator
 from rl_dqn.intake import Intake
 from rl_dqn.network import describe_precision, resolve_precision
+from rl_dqn.replay import bytes_needed
 from rl_dqn.reporting import ChunkArrived, Counters, Report
 from rl_dqn.trainer import Trainer, Update
 from rl_dqn.transport import LEARNER_RANK, LearnerEndpoint, TransportError, collector_rank, place, slot_of, worker_name
@@ -312,11 +313,11 @@ class Learner:
         self.close_evaluator()
         self.trainer.close()
         try:
-            frames, held = self.trainer.replay.frames, len(self.trainer.replay)
-            size = held * frames[0, 0].numel() * frames.element_size()
+            replay = self.trainer.replay
+            size = bytes_needed(len(replay), replay.frames.shape[2:], replay.frames.dtype)
             if self.cfg.learner.checkpoint_replay and size >= 1 << 30:   # a file that takes a while to write
-                say("learner", f"writing the last checkpoint with the replay's {held:,} transitions "
-                               f"({size / 2**30:.1f} GiB of frames), for run.resume")
+                say("learner", f"writing the last checkpoint with the replay's {len(replay):,} transitions "
+                               f"({size / 2**30:.1f} GiB), for run.resume")
             self.save_checkpoint()
             self.log()
             self.write_summary()
