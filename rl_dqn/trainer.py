@@ -4,6 +4,7 @@ It knows nothing of collectors, transports, metrics or files; the learner role w
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import copy
 import os
 from typing import NamedTuple
@@ -169,8 +170,9 @@ class Trainer:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.network.parameters(), self.cfg.train.max_grad_norm)
         self.optimizer.step()
-        if self.averaged is not None:   # one fused pass over all parameters
-            torch._foreach_lerp_(self.averaged, list(self.network.parameters()), 1.0 / self.cfg.eval.ema_updates)
+        if self.averaged is not None:   # one fused pass over all parameters, recording no autograd history
+            with torch.no_grad():
+                torch._foreach_lerp_(self.averaged, list(self.network.parameters()), 1.0 / self.cfg.eval.ema_updates)
         self._loss_sum.add_(loss.detach())
         self._q_sum.add_(q.detach().mean())
 
@@ -191,6 +193,7 @@ class Trainer:
                 self._graphs[n_step] = self._capture(n_step)
             except RuntimeError as e:   # an operation CUDA graphs cannot hold: train on, eagerly
                 self._fall_back(f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
+            if not self.static:   # outside the handler, whose traceback would hold the failed capture's tensors
                 return self._eager_step(lr)
         graph, update = self._graphs[n_step]
         graph.replay()
@@ -236,31 +239,45 @@ class Trainer:
         return self._result(q, targets, loss)
 
     def _capture(self, n_step: int) -> tuple[torch.cuda.CUDAGraph, Update]:
-        """Captures _graph_body() after warming it up on a side stream (as torch.cuda.graphs' whole-network
-        capture asks: https://pytorch.org/docs/stable/notes/cuda.html#whole-network-capture). The warm-up changes
-        nothing that stays: every tensor the update writes is put back as it was, and Adam's state, if it has
-        none yet, is made by a step on zero gradients, which leaves the parameters as they are."""
+        """Captures _graph_body() after warming it up (_warm_up())."""
+        self._warm_up(n_step)
+        graph = torch.cuda.CUDAGraph()
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            update = self._graph_body(n_step)
+        return graph, update
+
+    def _warm_up(self, n_step: int) -> None:
+        """Runs _graph_body() three times, on a side stream on a GPU (as torch.cuda.graphs' whole-network capture
+        asks: https://pytorch.org/docs/stable/notes/cuda.html#whole-network-capture), changing nothing that stays:
+        every tensor the update writes is put back as it was, also when an update fails, and Adam's state, if it
+        has none yet, is made by a step on zero gradients, which leaves the parameters as they are.
+
+        The copies are made and put back with autograd off. A parameter's copy made with it on would keep that
+        parameter's gradient accumulator alive, bound to the stream it was made on, and the warm-up and the capture
+        on another stream would then accumulate gradients across streams (which a capture cannot hold); putting
+        the parameters back in place with it on is refused outright."""
         if not self.optimizer.state:
             for p in self.network.parameters():
                 p.grad = torch.zeros_like(p)
             self.optimizer.step()
             for state in self.optimizer.state.values():
                 state["step"].zero_()
-        kept = [tensor.clone() for tensor in self._written_by_update()]
-        current = torch.cuda.current_stream(self.device)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(current)
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                self._graph_body(n_step)
-        current.wait_stream(side)
-        for tensor, value in zip(self._written_by_update(), kept):
-            tensor.copy_(value)
-        graph = torch.cuda.CUDAGraph()
-        self.optimizer.zero_grad(set_to_none=True)
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            update = self._graph_body(n_step)
-        return graph, update
+        with torch.no_grad():
+            kept = [tensor.clone() for tensor in self._written_by_update()]
+        side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream(self.device))
+        try:
+            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+                for _ in range(3):
+                    self._graph_body(n_step)
+        finally:
+            if side is not None:
+                torch.cuda.current_stream(self.device).wait_stream(side)
+            with torch.no_grad():
+                for tensor, value in zip(self._written_by_update(), kept):
+                    tensor.copy_(value)
 
     def _written_by_update(self) -> list[torch.Tensor]:
         """Every tensor an update writes that outlives it."""

@@ -116,6 +116,43 @@ def test_a_checkpoint_moves_between_the_two_forms(device, tmp_path):
         assert resumed.updates == saver.updates == 7
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fails", [False, True], ids=["warm-up", "failed warm-up"])
+def test_the_warm_up_before_a_capture_changes_nothing_and_keeps_no_autograd_history(device, fails, monkeypatch):
+    """The three updates run before a capture leave every tensor an update writes as it was (also when one of them
+    fails), so the updates after it are those of a trainer that never warmed up. While they run, nothing made
+    before them holds autograd history: a parameter's copy that did would bind its gradient accumulator to the
+    stream the copy was made on, which a capture on another stream cannot hold."""
+    import gc
+    cfg = pong_config("eval.ema_updates=10")
+    warmed, cold = filled(cfg, device, static=True), filled(cfg, device, static=True)
+    run(warmed, 2), run(cold, 2)
+    before = [t.detach().clone() for t in warmed._written_by_update()]
+    body, bodies = warmed._graph_body, []
+
+    def counted_body(n_step):
+        bodies.append([o for o in gc.get_objects() if issubclass(type(o), torch.Tensor) and o.grad_fn is not None])
+        if fails and len(bodies) == 2:
+            raise RuntimeError("an operation a graph cannot hold")
+        return body(n_step)
+
+    monkeypatch.setattr(warmed, "_graph_body", counted_body)
+    n_step = warmed._graph_inputs(cfg.train.lr)
+    if fails:
+        with pytest.raises(RuntimeError, match="cannot hold"):
+            warmed._warm_up(n_step)
+    else:
+        warmed._warm_up(n_step)
+    assert len(bodies) == (2 if fails else 3) and all(alive == [] for alive in bodies)
+    for tensor, value in zip(warmed._written_by_update(), before, strict=True):
+        torch.testing.assert_close(tensor, value, rtol=0, atol=0)
+    monkeypatch.undo()
+    warmed.generator.set_state(cold.generator.get_state())   # the warm-up's offsets were drawn from it
+    warmed_losses, cold_losses = run(warmed, 3), run(cold, 3)
+    assert [x for pair in warmed_losses for x in pair] == pytest.approx([x for pair in cold_losses for x in pair],
+                                                                        rel=0 if device == "cpu" else 1e-4)
+
+
 @pytest.mark.cuda
 def test_the_graph_is_captured_once_and_again_after_a_resume():
     cfg = pong_config()
