@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from rl_dqn.config import Config, ConfigError, load_config, save_config
-from rl_dqn.console import LAUNCHED_AT_ENV, PROGRESS_ENV, PROGRESS_MARK, OneLineParser, launched_at, say
+from rl_dqn.console import (LAUNCHED_AT_ENV, PROGRESS_ENV, PROGRESS_MARK, OneLineParser, StartupClock,
+                            launched_at, say)
 from rl_dqn.supervisor import EXIT_BAD_INPUT, EXIT_LEARNER_LOST, SAVING, free_port
 
 RUNS_DIR = Path(os.environ.get("RL_DQN_RUNS_DIR") or Path(__file__).resolve().parents[1] / "runs")
@@ -380,13 +381,17 @@ def _learner(cfg: Config, args) -> int:
     from rl_dqn.trainer import torch_threads
     from rl_dqn.system import available_memory, configure_process
     from rl_dqn.transport import LearnerTransport, TransportError
+    startup = StartupClock(launched_at())
+    startup.mark("modules loaded")
     if not cfg.cluster.single_node:
         _require_cluster(cfg, collector_node=False)
     _check_interface(cfg)
     _check_learner_address(cfg)
     spec = _check_env(cfg)
+    startup.mark("env checked")
     placement = _placement(cfg, 0)
-    check_replay_memory(cfg, spec, placement.device, available_memory(placement.device))
+    check_replay_memory(cfg, spec, placement.device, available_memory(placement.device))   # a GPU's context made
+    startup.mark(f"{placement.device} ready")
     if (line := _finished_already(cfg)) is not None:   # before the run folder is touched or RPC joined
         say("learner", line)
         return 0
@@ -394,7 +399,8 @@ def _learner(cfg: Config, args) -> int:
     stop = _stop_on_signals()
     torch.set_num_threads(torch_threads(cfg))
     configure_process()
-    learner = Learner(cfg, spec, folder, stop=stop, device=placement.device, launched_at=launched_at())
+    learner = Learner(cfg, spec, folder, stop=stop, device=placement.device, launched_at=launched_at(),
+                      startup=startup)
     learner.saving = _saving_told("learner", stop)
     save_config(learner.config_as_run(), folder / "config.yaml")
     learner.report.write_run_info(sys.argv, resumed=cfg.run.resume)

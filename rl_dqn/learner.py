@@ -47,7 +47,8 @@ class Learner:
     """
 
     def __init__(self, cfg: Config, spec: EnvSpec, run_dir: Path, stop: threading.Event | None = None,
-                 device: torch.device | str | None = None, launched_at: float | None = None):
+                 device: torch.device | str | None = None, launched_at: float | None = None,
+                 startup: StartupClock | None = None):
         self.cfg, self.spec, self.run_dir = cfg, spec, run_dir
         self.transport: LearnerEndpoint | None = None
         self.stop = stop or threading.Event()
@@ -56,7 +57,8 @@ class Learner:
             place(cfg, LEARNER_RANK, torch.cuda.device_count()).device
         # network.precision as this process computes (auto: bf16 where its device computes it fast).
         self.precision = resolve_precision(cfg.network.precision, self.device)
-        self.startup = StartupClock(launched_at)   # where the time to the first update goes
+        # Where the time to the first update goes: the role's clock (marked from its first step) or a new one.
+        self.startup = startup or StartupClock(launched_at)
         self.trainer = Trainer(cfg, spec, self.device)
         self.startup.mark(f"replay and networks on {self.device}")
         self.report = Report(self.config_as_run(), run_dir, self.device,
