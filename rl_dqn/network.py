@@ -241,7 +241,9 @@ class QNetwork(nn.Module):
         quantile of the state value to the advantages' quantile less their mean over the actions)."""
         x = self.inputs(obs)
         mixed = self.compute_dtype != torch.float32
-        with torch.autocast(x.device.type, dtype=self.compute_dtype, enabled=mixed):
+        # No cast cache: each weight is cast once per call anyway, and casts cached while a CUDA graph is captured
+        # would be kept from memory the graph's replays reuse (torch.cuda.make_graphed_callables asks the same).
+        with torch.autocast(x.device.type, dtype=self.compute_dtype, enabled=mixed, cache_enabled=False):
             features = self._features(x)
             h = self.head_hidden(features)
             v = self.value_hidden(features) if self.dueling else None
