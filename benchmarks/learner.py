@@ -153,6 +153,7 @@ def main() -> None:
           f"{args.replay:,} Pong transitions ({time.strftime('%Y-%m-%d')})", flush=True)
     print(f"  {'device':<6} {'replay and network':<40} {'overlap':>7} {'graph':>5} {'batch':>5} {'updates/s':>10} "
           f"{'samples/s':>10} {'CPU ms':>8} {'sampling share':>15}", flush=True)
+    failed = False
     for device in args.devices.split(","):
         for label, (config, overrides) in SETUPS.items():
             if args.only not in label:
@@ -165,11 +166,16 @@ def main() -> None:
                         learner = filled_learner(config, [*overrides, *settings], device, batch, args.replay,
                                                  Path(run_dir))
                         step, cpu, sample = measure(learner, args.seconds)
-                        print(f"  {device:<6} {label:<40} {overlap:>7} {graph:>5} {batch:>5} {1 / step:>10,.1f} "
+                        shown = "fail" if graph == "on" and not learner.trainer.static else graph   # eager updates
+                        failed = failed or shown == "fail"
+                        print(f"  {device:<6} {label:<40} {overlap:>7} {shown:>5} {batch:>5} {1 / step:>10,.1f} "
                               f"{batch / step:>10,.0f} {cpu * 1e3:>8.1f} {sample / step:>14.0%}", flush=True)
                         if args.profile:
                             print(profile(learner, args.profile), flush=True)
                         learner.report.close()
+    if failed:
+        print("  graph fail: the update could not be captured (the learner's warning above says why); the row's "
+              "updates ran eagerly", flush=True)
 
 
 if __name__ == "__main__":
