@@ -16,8 +16,9 @@ machine without a GPU it says so and exits 2.
 
 `--gpu --quick` measures what a GPU node is worth to a run, for a node config (default configs/pong_gpu.yaml): the
 `cuda` tests of the update, the learner's updates/s eager and as a captured CUDA graph, one learning run of the
-config to Pong's 18, and how the pipeline scales with collectors over the CPU and the CUDA transport. Each step has
-a time limit, so the whole run ends within 9 minutes, and its report is written after each step.
+config to Pong's 18, and how the pipeline scales with collectors over the CPU and the CUDA transport and with the
+collectors acting on the CPU. Each step has a time limit, so the whole run ends within 9 minutes, and its report is
+written after each step.
 """
 
 from __future__ import annotations
@@ -230,18 +231,24 @@ def node_steps(config: str, overrides: list[str], name: str) -> list[Step]:
     python = sys.executable
     return [
         Step("cuda tests of the update", [python, "-m", "pytest", "-q", "-m", "cuda", "tests/test_trainer.py",
-                                          "tests/test_sumtree.py", "tests/test_learner.py"], 70),
+                                          "tests/test_sumtree.py", "tests/test_learner.py"], 45),
         Step("learner: eager and captured", [python, "benchmarks/learner.py", "--devices", "cuda", "--only",
                                              "NIPS, PER, 10-step", "--batches", "32,256", "--overlap", "on",
-                                             "--graph", "on,off", "--seconds", "1.5", "--replay", "20000"], 95),
+                                             "--graph", "on,off", "--seconds", "1.5", "--replay", "20000"], 80),
         Step("Pong to 18", [python, "benchmarks/learning.py", config, *overrides, "--seeds", "1", "--minutes", "2.5",
                             "--stop-at", "18", "--prefix", f"{name}-pong"], 175),
         Step("scaling over the CPU transport", [python, "benchmarks/scaling.py", config, *overrides, "--collectors",
                                                 "4,14", "--ratios", "2,0", "--transports", "cpu", "--seconds", "12",
-                                                "--prefix", f"{name}-scaling"], 150),
+                                                "--prefix", f"{name}-scaling"], 130),
         Step("scaling over the CUDA transport", [python, "benchmarks/scaling.py", config, *overrides,
                                                  "--collectors", "14", "--ratios", "2", "--transports", "cuda",
                                                  "--seconds", "12", "--prefix", f"{name}-scaling"], 45),
+        # The collectors' acting shares the GPU with the learner's updates, each process in its own context: the
+        # same rows with the collectors acting on their CPU cores say which way the node goes faster.
+        Step("scaling with collectors acting on the CPU", [python, "benchmarks/scaling.py", config, *overrides,
+                                                           "collectors.device=cpu", "--collectors", "14",
+                                                           "--ratios", "2,0", "--transports", "cpu",
+                                                           "--seconds", "12", "--prefix", f"{name}-cpu-acting"], 60),
     ]
 
 
