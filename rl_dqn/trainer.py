@@ -7,6 +7,8 @@ import concurrent.futures
 import contextlib
 import copy
 import os
+import traceback
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -31,6 +33,15 @@ class Update(NamedTuple):
     q: torch.Tensor
     targets: torch.Tensor
     loss: torch.Tensor
+
+
+def _described(error: Exception) -> str:
+    """`error` in one line: its type, its message's first line and the line of this package that raised it."""
+    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    ours = [frame for frame in traceback.extract_tb(error.__traceback__)
+            if Path(frame.filename).parent.name == "rl_dqn"]
+    where = f" (at rl_dqn/{Path(ours[-1].filename).name}:{ours[-1].lineno})" if ours else ""
+    return f"{type(error).__name__}: {message}{where}"
 
 
 class Trainer:
@@ -192,7 +203,7 @@ class Trainer:
             try:
                 self._graphs[n_step] = self._capture(n_step)
             except RuntimeError as e:   # an operation CUDA graphs cannot hold: train on, eagerly
-                self._fall_back(f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
+                self._fall_back(_described(e))
             if not self.static:   # outside the handler, whose traceback would hold the failed capture's tensors
                 return self._eager_step(lr)
         graph, update = self._graphs[n_step]

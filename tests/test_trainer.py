@@ -77,6 +77,7 @@ def test_the_static_update_computes_what_the_eager_one_does(device, overrides):
     tolerance = dict(rtol=0, atol=0) if device == "cpu" else \
         dict(rtol=2e-2, atol=2e-3) if "bf16" in str(overrides) else dict(rtol=1e-4, atol=1e-5)
     losses = run(eager, 12), run(static, 12)
+    assert static.static, static.capture_error   # the capture held
     approx = dict(rel=tolerance["rtol"], abs=tolerance["atol"])
     assert [x for pair in losses[0] for x in pair] == pytest.approx([x for pair in losses[1] for x in pair], **approx)
     assert len({loss for loss, _ in losses[0]}) > 6   # the updates learn: each loss differs
@@ -158,7 +159,7 @@ def test_the_graph_is_captured_once_and_again_after_a_resume():
     cfg = pong_config()
     trainer = filled(cfg, "cuda", static=True)
     run(trainer, 3)
-    assert list(trainer._graphs) == [cfg.train.n_step]
+    assert list(trainer._graphs) == [cfg.train.n_step], trainer.capture_error
     graph = trainer._graphs[cfg.train.n_step][0]
     run(trainer, 3)
     assert trainer._graphs[cfg.train.n_step][0] is graph
@@ -166,6 +167,20 @@ def test_the_graph_is_captured_once_and_again_after_a_resume():
     assert not trainer._graphs
     run(trainer, 2)
     assert trainer._graphs and trainer._graphs[cfg.train.n_step][0] is not graph
+
+
+def test_why_a_capture_failed_is_one_line_naming_the_line_that_raised_it():
+    """What the learner's warning prints when the update cannot be captured: the error's type, its message's first
+    line and where in this package it was raised."""
+    import re
+
+    from rl_dqn.trainer import _described
+    trainer = filled(pong_config(), "cpu", static=True)
+    with pytest.raises(ValueError) as raised:
+        trainer.replay.sample_at(torch.zeros(4, dtype=torch.float64), 0.5, n_step=99)
+    told = _described(raised.value)
+    assert re.fullmatch(r"ValueError: n-step returns of 99 steps: must be from 1 to the memory's n_step \(10\) "
+                        r"\(at rl_dqn/replay\.py:\d+\)", told), told
 
 
 @pytest.mark.cuda
