@@ -392,6 +392,10 @@ def _learner(cfg: Config, args) -> int:
     placement = _placement(cfg, 0)
     check_replay_memory(cfg, spec, placement.device, available_memory(placement.device))   # a GPU's context made
     startup.mark(f"{placement.device} ready")
+    # Adam's first construction imports torch._dynamo (torch.optim's methods are wrapped to keep it out), which
+    # takes about as long as importing torch: imported here, so that the start-up line shows its share.
+    import torch._dynamo  # noqa: F401
+    startup.mark("torch._dynamo imported")
     if (line := _finished_already(cfg)) is not None:   # before the run folder is touched or RPC joined
         say("learner", line)
         return 0
