@@ -61,7 +61,8 @@ class VectorEnv:
     spec: EnvSpec
     screen: np.ndarray | None = None   # env 0's game screen, RGB [H, W, 3], where the env keeps it
 
-    def reset(self) -> torch.Tensor:
+    def reset(self, seed: int | None = None) -> torch.Tensor:
+        """Starts every env anew, from `seed` (then kept for later resets) or the seed the env was made with."""
         raise NotImplementedError
 
     def step(self, actions: torch.Tensor) -> StepResult:
@@ -148,7 +149,8 @@ class AtariVector(VectorEnv):
             max_num_frames_per_episode=cfg.max_episode_frames, reward_clipping=False, episodic_life=False,
             use_fire_reset=True)
 
-    def reset(self) -> torch.Tensor:
+    def reset(self, seed: int | None = None) -> torch.Tensor:
+        self._seed = self._seed if seed is None else seed
         obs, info = self._env.reset(seed=self._seed)
         self._lives = info["lives"]
         self._ended[:] = False
@@ -193,7 +195,8 @@ class ClassicVector(VectorEnv):
     def _obs(self, obs: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.asarray(obs, dtype=np.float32)).unsqueeze(1)
 
-    def reset(self) -> torch.Tensor:
+    def reset(self, seed: int | None = None) -> torch.Tensor:
+        self._seed = self._seed if seed is None else seed
         obs, _ = self._env.reset(seed=self._seed)
         self._ended[:] = False
         return self._obs(obs)

@@ -448,14 +448,19 @@ def _collector(cfg: Config, args) -> int:
     stop = _stop_on_signals()
     configure_process()
     transport = None
-    say(name, f"joining the run at {cfg.cluster.init_method}")
+    # Its envs, network and first observations need no learner: made while the learner starts.
+    collector = Collector(cfg, rank - 1, None, stop, placement.device)
     try:
+        collector.prepare()
+        say(name, f"joining the run at {cfg.cluster.init_method}")
         transport = CollectorTransport(cfg, rank - 1, stop, placement)
-        Collector(cfg, rank - 1, transport, stop, placement.device, incarnation=transport.incarnation).run()
+        collector.joined(transport, transport.incarnation)
+        collector.run()
     except TransportError as e:
         lost = transport is not None and transport.learner_lost
         return _role_error(name, str(e), EXIT_LEARNER_LOST if lost else 1)
     finally:
+        collector.close()
         if transport is not None:
             transport.close()
     return 0

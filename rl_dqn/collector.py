@@ -88,13 +88,17 @@ class ChunkBuilder:
 class Collector:
     """Acts epsilon-greedily in `env.envs_per_collector` envs and sends a chunk every `collectors.chunk_steps`
     vector steps. `index` (0-based) places its envs in the run: env i of the run is env `i - index * E` here.
-    run() is start() and then step() until the run or this process stops."""
+    prepare() makes what needs no learner (envs, network, the first observations), which a role does before it
+    joins, while the learner starts; run() is prepare(), start() and then step() until the run or this process
+    stops."""
 
-    def __init__(self, cfg: Config, index: int, transport: CollectorEndpoint, stop: threading.Event | None = None,
-                 policy_device: torch.device | str = "cpu", incarnation: int = 0):
+    def __init__(self, cfg: Config, index: int, transport: CollectorEndpoint | None,
+                 stop: threading.Event | None = None, policy_device: torch.device | str = "cpu",
+                 incarnation: int = 0):
         self.cfg, self.index, self.transport = cfg, index, transport
-        # A process that replaces a dead one in the same slot plays other episodes and explores anew.
-        self.seed = cfg.run.seed * 100_000 + index * cfg.env.envs_per_collector + 1_000_003 * incarnation
+        self.incarnation = incarnation
+        self.seed = self._seed(incarnation)
+        self.env: VectorEnv | None = None
         self.stop = stop or threading.Event()
         self.policy_device = torch.device(policy_device)
         self.name = f"collector{index}"
@@ -104,6 +108,13 @@ class Collector:
         self.version = -1               # of the weights it acts with
         self.run_env_steps = 0          # the run's env steps, as the learner last answered
         self.startup = StartupClock(launched_at())
+        if transport is not None:   # it joined before it was made
+            self.startup.mark("joined")
+
+    def _seed(self, incarnation: int) -> int:
+        """The seed of the envs and of exploration: a process that replaces a dead one in the same slot (a later
+        incarnation) plays other episodes and explores anew."""
+        return self.cfg.run.seed * 100_000 + self.index * self.cfg.env.envs_per_collector + 1_000_003 * incarnation
 
     def _epsilons(self, run_env_steps: int) -> torch.Tensor:
         c, E = self.cfg.collectors, self.cfg.env.envs_per_collector
@@ -117,13 +128,45 @@ class Collector:
                 eps = dqn.linear_epsilon(run_env_steps, c.epsilon_start, eps, c.epsilon_decay_env_steps)
         return eps.to(self.policy_device)
 
-    def run(self) -> None:
-        torch.set_num_threads(self.cfg.collectors.torch_threads)
-        self.startup.mark("joined")
-        env: VectorEnv = make_vector_env(self.cfg.env, self.cfg.env.envs_per_collector, seed=self.seed)
+    def prepare(self) -> None:
+        """Makes the envs, puts the network on its device and resets the envs, as the first incarnation of this
+        slot would: none of it needs the learner. Once is enough (run() calls it when the role has not)."""
+        if self.env is not None:
+            return
+        cfg, device = self.cfg, self.policy_device
+        torch.set_num_threads(cfg.collectors.torch_threads)
+        self.env = make_vector_env(cfg.env, cfg.env.envs_per_collector, seed=self.seed)
         self.startup.mark("envs made")
+        self.net = QNetwork.for_env(self.env.spec.obs_shape, self.env.spec.num_actions, cfg.network,
+                                    device).for_acting()
+        self.generator = torch.Generator(device=device).manual_seed(self.seed)
+        self.startup.mark(f"network on {device}")
+        self.obs, self.obs_first = self.env.reset().to(device), torch.ones(self.env.num_envs, dtype=torch.bool)
+        self.startup.mark("envs reset")
+
+    def joined(self, transport: CollectorEndpoint, incarnation: int) -> None:
+        """The run took this process as `incarnation` of its slot. A later one than prepare() assumed (it replaces a
+        process that died) seeds its envs and exploration again and starts new episodes."""
+        self.transport = transport
+        self.startup.mark("joined")
+        if incarnation == self.incarnation:
+            return
+        self.incarnation, self.seed = incarnation, self._seed(incarnation)
+        if self.env is not None:
+            self.generator.manual_seed(self.seed)
+            self.obs = self.env.reset(seed=self.seed).to(self.policy_device)
+            self.obs_first = torch.ones(self.env.num_envs, dtype=torch.bool)
+            self.startup.mark(f"envs reset as incarnation {incarnation}")
+
+    def close(self) -> None:
+        if self.env is not None:
+            self.env.close()
+            self.env = None
+
+    def run(self) -> None:
+        self.prepare()
         try:
-            if not self.start(env):
+            if not self.start():
                 return
             started = time.monotonic()
             while not (self.stop.is_set() or self.transport.stop_requested):
@@ -132,31 +175,25 @@ class Collector:
             say(self.name, f"stopped after {self.seq} chunks ({steps:,} env steps, {steps / max(elapsed, 1e-9):,.0f}"
                            f"/s), weights version {self.version} on {next(self.net.parameters()).device}")
         finally:
-            env.close()
+            self.close()
 
-    def start(self, env: VectorEnv) -> bool:
-        """Waits for the learner's weights (they come with the admission) and resets the envs; False when the run
-        or this process stopped first."""
+    def start(self) -> bool:
+        """Waits for the learner's weights (they come with the admission); False when the run or this process
+        stopped first."""
         cfg, E, device = self.cfg, self.cfg.env.envs_per_collector, self.policy_device
-        self.env = env
-        self.net = QNetwork.for_env(env.spec.obs_shape, env.spec.num_actions, cfg.network, device).for_acting()
-        self.generator = torch.Generator(device=device).manual_seed(self.seed)
-        self.startup.mark(f"network on {device}")
         weights = self.transport.wait_weights(cfg.cluster.join_timeout_s)
         if weights is None:
             return False
         self.startup.mark("first weights")
         self.net.load_state_dict(weights.state)
         self.version = weights.version
-        self.builder = ChunkBuilder(cfg.collectors.chunk_steps, E, env.spec, device)
+        self.builder = ChunkBuilder(cfg.collectors.chunk_steps, E, self.env.spec, device)
         # A process that joins a run under way (a restart, a resumed learner) starts the schedule where the run is.
         self.run_env_steps = self.transport.env_steps_at_join
         self.epsilons = self._epsilons(self.run_env_steps)
-        self.obs, self.obs_first = env.reset().to(device), torch.ones(E, dtype=torch.bool)
         precision, warning = describe_precision(cfg.network.precision, device)
         if warning is not None:
             say(self.name, f"warning: {warning}")
-        self.startup.mark("envs reset")
         say(self.name, f"acting in {E} x {cfg.env.id} on {device} in {precision}, "
                        f"epsilon {self.epsilons.min():.3g}..{self.epsilons.max():.3g}")
         say(self.name, f"start-up {self.startup.line()}")

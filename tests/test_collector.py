@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from envs import describe_env, make_vector_env
+from envs import describe_env
 from rl_dqn import dqn
 from rl_dqn.collector import Collector
 from rl_dqn.config import load_config
@@ -66,10 +66,10 @@ def weights_like(state: dict, version: int, value: float) -> Weights:
 def test_a_collector_steps_sends_chunks_and_adopts_weights_and_the_runs_schedule():
     cfg, spec, endpoint = prepared()
     collector = Collector(cfg, index=1, transport=endpoint)
-    env = make_vector_env(cfg.env, cfg.env.envs_per_collector, seed=collector.seed)
+    collector.prepare()
     assert isinstance(endpoint, CollectorEndpoint)
     try:
-        assert collector.start(env)
+        assert collector.start()
         assert collector.epsilons.tolist() == [1.0] * 4
         T = cfg.collectors.chunk_steps
         returned = [collector.step() for _ in range(T)]
@@ -95,17 +95,17 @@ def test_a_collector_steps_sends_chunks_and_adopts_weights_and_the_runs_schedule
             assert admission.refused is None and len(admission.entered) == 1
         assert intake.env_steps == 2 * T * 4
     finally:
-        env.close()
+        collector.close()
 
 
 def test_linear_apex_exploration_decays_each_env_to_its_apex_epsilon():
     cfg, spec, endpoint = prepared("collectors.exploration=linear_apex", "collectors.epsilon_decay_env_steps=1000")
     collector = Collector(cfg, index=1, transport=endpoint)
-    env = make_vector_env(cfg.env, cfg.env.envs_per_collector, seed=collector.seed)
+    collector.prepare()
     E, c = cfg.env.envs_per_collector, cfg.collectors
     floors = dqn.apex_epsilons(cfg.num_envs, E, E, c.apex_epsilon, c.apex_alpha)   # collector 1's envs
     try:
-        assert collector.start(env)
+        assert collector.start()
         assert collector.epsilons.tolist() == [1.0] * E
         endpoint.run_env_steps = 500   # halfway down, each env towards its own floor
         for _ in range(c.chunk_steps):
@@ -116,7 +116,7 @@ def test_linear_apex_exploration_decays_each_env_to_its_apex_epsilon():
             collector.step()
         assert torch.allclose(collector.epsilons, floors) and len(set(collector.epsilons.tolist())) == E
     finally:
-        env.close()
+        collector.close()
 
 
 def test_apex_floor_lifts_only_the_envs_below_it():
@@ -129,13 +129,34 @@ def test_apex_floor_lifts_only_the_envs_below_it():
     for index in (0, 1):
         _, _, endpoint = prepared(*overrides)
         collector = Collector(cfg, index=index, transport=endpoint)
-        env = make_vector_env(cfg.env, E, seed=collector.seed)
+        collector.prepare()
         try:
-            assert collector.start(env)
+            assert collector.start()
             epsilons.append(collector.epsilons)
         finally:
-            env.close()
+            collector.close()
     assert torch.equal(torch.cat(epsilons), torch.where(spread < 0.01, torch.tensor(0.01), spread))
+
+
+def test_a_collector_prepared_before_it_joins_plays_as_the_incarnation_the_run_gives_it():
+    """A collector role makes its envs, network and first observations before it joins (while the learner starts),
+    as the slot's first incarnation. Joined as that one it goes on from them; joined as a later one (it replaces a
+    process that died) it plays and explores as a collector made as that incarnation does."""
+    cfg, _, endpoint = prepared()
+    for incarnation in (0, 2):
+        early, made_joined = Collector(cfg, index=1, transport=None), Collector(cfg, index=1, transport=endpoint,
+                                                                                incarnation=incarnation)
+        try:
+            early.prepare()
+            early.joined(endpoint, incarnation)
+            made_joined.prepare()
+            assert early.seed == made_joined.seed and early.incarnation == incarnation
+            assert torch.equal(early.obs, made_joined.obs) and early.obs_first.all()
+            assert early.generator.initial_seed() == made_joined.generator.initial_seed() == early.seed
+            assert torch.equal(early.env.step(torch.ones(4, dtype=torch.long)).obs,
+                               made_joined.env.step(torch.ones(4, dtype=torch.long)).obs)
+        finally:
+            early.close(), made_joined.close()
 
 
 def test_a_collector_runs_until_the_learner_says_the_run_is_over():
