@@ -97,7 +97,6 @@ class Collector:
                  incarnation: int = 0):
         self.cfg, self.index, self.transport = cfg, index, transport
         self.incarnation = incarnation
-        self.seed = self._seed(incarnation)
         self.env: VectorEnv | None = None
         self.stop = stop or threading.Event()
         self.policy_device = torch.device(policy_device)
@@ -111,10 +110,12 @@ class Collector:
         if transport is not None:   # it joined before it was made
             self.startup.mark("joined")
 
-    def _seed(self, incarnation: int) -> int:
+    @property
+    def seed(self) -> int:
         """The seed of the envs and of exploration: a process that replaces a dead one in the same slot (a later
         incarnation) plays other episodes and explores anew."""
-        return self.cfg.run.seed * 100_000 + self.index * self.cfg.env.envs_per_collector + 1_000_003 * incarnation
+        return (self.cfg.run.seed * 100_000 + self.index * self.cfg.env.envs_per_collector
+                + 1_000_003 * self.incarnation)
 
     def _epsilons(self, run_env_steps: int) -> torch.Tensor:
         c, E = self.cfg.collectors, self.cfg.env.envs_per_collector
@@ -139,10 +140,16 @@ class Collector:
         self.startup.mark("envs made")
         self.net = QNetwork.for_env(self.env.spec.obs_shape, self.env.spec.num_actions, cfg.network,
                                     device).for_acting()
-        self.generator = torch.Generator(device=device).manual_seed(self.seed)
+        self.generator = torch.Generator(device=device)
         self.startup.mark(f"network on {device}")
-        self.obs, self.obs_first = self.env.reset().to(device), torch.ones(self.env.num_envs, dtype=torch.bool)
+        self._reset()
         self.startup.mark("envs reset")
+
+    def _reset(self) -> None:
+        """Exploration and every env start anew from the seed."""
+        self.generator.manual_seed(self.seed)
+        self.obs = self.env.reset(seed=self.seed).to(self.policy_device)
+        self.obs_first = torch.ones(self.env.num_envs, dtype=torch.bool)
 
     def joined(self, transport: CollectorEndpoint, incarnation: int) -> None:
         """The run took this process as `incarnation` of its slot. A later one than prepare() assumed (it replaces a
@@ -151,11 +158,9 @@ class Collector:
         self.startup.mark("joined")
         if incarnation == self.incarnation:
             return
-        self.incarnation, self.seed = incarnation, self._seed(incarnation)
+        self.incarnation = incarnation
         if self.env is not None:
-            self.generator.manual_seed(self.seed)
-            self.obs = self.env.reset(seed=self.seed).to(self.policy_device)
-            self.obs_first = torch.ones(self.env.num_envs, dtype=torch.bool)
+            self._reset()
             self.startup.mark(f"envs reset as incarnation {incarnation}")
 
     def close(self) -> None:
