@@ -13,7 +13,9 @@ Each takes CONFIG [section.key=value ...]. The tools take their own arguments (`
 With cluster.init_method=env://, MASTER_ADDR and MASTER_PORT name the rendezvous, and WORLD_SIZE and RANK fill
 cluster.world_size and cluster.rank where the config leaves them unset (RANK: the first process this command starts).
 Bad input exits with code 2 and one line naming the problem; a role that fails exits 1. A resumed run
-(run.resume=true) whose newest checkpoint already reached its end exits 0 with one line, starting and writing nothing.
+(run.resume=true) whose newest checkpoint already reached its end exits 0 with one line, training and writing nothing.
+`local` and `collectors` start their roles at once: each loads its modules while the node checks the env, the
+devices and the run folder, and goes on only once those checks pass.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from typing import NoReturn
 from rl_dqn.config import Config, ConfigError, load_config, save_config
 from rl_dqn.console import (LAUNCHED_AT_ENV, PROGRESS_ENV, PROGRESS_MARK, OneLineParser, StartupClock,
                             launched_at, say)
-from rl_dqn.supervisor import EXIT_BAD_INPUT, EXIT_LEARNER_LOST, SAVING, free_port
+from rl_dqn.supervisor import EXIT_BAD_INPUT, EXIT_LEARNER_LOST, GATE_ENV, GO, SAVING, free_port
 
 RUNS_DIR = Path(os.environ.get("RL_DQN_RUNS_DIR") or Path(__file__).resolve().parents[1] / "runs")
 
@@ -124,7 +126,7 @@ def run_dir(cfg: Config) -> Path:
 
 
 def _placement(cfg: Config, rank: int):
-    """This role's device and device maps on this node (ConfigError, exit 2, before anything starts)."""
+    """This role's device and device maps on this node (ConfigError, exit 2, before any role goes on)."""
     import torch
 
     from rl_dqn.transport import place
@@ -259,40 +261,50 @@ def _local(cfg: Config, args) -> int:
     if cfg.cluster.world_size not in (0, 1 + cfg.collectors.count) or cfg.cluster.rank != 0:
         raise ConfigError("cluster.world_size", "a local run sizes itself from collectors.count; "
                                                 "leave cluster.world_size and cluster.rank unset")
-    spec = _check_env(cfg)
     init_method = cfg.cluster.init_method or f"tcp://127.0.0.1:{free_port()}"
     common = [*args.overrides, f"run.name={cfg.run.name}", f"cluster.init_method={init_method}",
               f"cluster.world_size={1 + cfg.collectors.count}", f"cluster.interface={cfg.cluster.interface or 'lo'}",
               "cluster.single_node=true"]
-    # Every role's devices and maps, as each will see them, checked before any of them starts.
     one_node = load_config(args.config, [*common, "cluster.rank=1"])
-    placements = [_placement(one_node, rank) for rank in range(one_node.world_size)]
-    learner_device = placements[0].device
-    if learner_device.type == "cpu":   # a GPU's free memory the learner reads itself: CUDA does not start here
-        from rl_dqn.system import available_memory
-        check_replay_memory(cfg, spec, learner_device, available_memory(learner_device))
-    if (line := _finished_already(cfg)) is not None:
-        say("local", line)
-        return 0
-    _make_run_dir(cfg)
+
+    def checks() -> bool:
+        """The env, every role's devices and maps as each will see them, and the replay's memory, checked while
+        the roles load their modules and before any of them goes on."""
+        spec = _check_env(cfg)
+        placements = [_placement(one_node, rank) for rank in range(one_node.world_size)]
+        learner_device = placements[0].device
+        if learner_device.type == "cpu":   # a GPU's free memory the learner reads itself: CUDA does not start here
+            from rl_dqn.system import available_memory
+            check_replay_memory(cfg, spec, learner_device, available_memory(learner_device))
+        if (line := _finished_already(cfg)) is not None:
+            say("local", line)
+            return False
+        _make_run_dir(cfg)
+        say("local", f"run {cfg.run.name}: learner + {cfg.collectors.count} collectors at {init_method}; "
+                     f"writing {run_dir(cfg)}")
+        return True
+
     here = [sys.executable, "-m", "rl_dqn"]
     specs = [RoleSpec("learner", [*here, "learner", args.config, *common], finishes_run=True)]
     specs += [RoleSpec(f"collector{i}", [*here, "collector", args.config, *common, "cluster.rank=1",
                                          f"--local-index={i}"], finishes_run=False,
                        restarts=cfg.collectors.max_restarts)
               for i in range(cfg.collectors.count)]
-    say("local", f"run {cfg.run.name}: learner + {cfg.collectors.count} collectors at {init_method}; "
-                 f"writing {run_dir(cfg)}")
-    return supervise(specs, node="local")
+    return supervise(specs, node="local", checks=checks)
 
 
 def _collectors(cfg: Config, args) -> int:
     from rl_dqn.supervisor import NodeProgress, RoleSpec, supervise
     _require_cluster(cfg, collector_node=True)
     _check_interface(cfg)
-    _check_env(cfg)
-    for rank in range(cfg.cluster.rank, cfg.cluster.rank + cfg.collectors.count):
-        _placement(cfg, rank)
+
+    def checks() -> bool:
+        """The env and every collector's devices and maps, checked while they load their modules."""
+        _check_env(cfg)
+        for rank in range(cfg.cluster.rank, cfg.cluster.rank + cfg.collectors.count):
+            _placement(cfg, rank)
+        return True
+
     here = [sys.executable, "-m", "rl_dqn"]
     specs = [RoleSpec(f"collector{cfg.cluster.rank - 1 + i}",
                       [*here, "collector", args.config, *args.overrides, f"--local-index={i}"], finishes_run=False,
@@ -300,7 +312,7 @@ def _collectors(cfg: Config, args) -> int:
              for i in range(cfg.collectors.count)]
     last = cfg.cluster.rank + cfg.collectors.count - 1
     node = f"collectors (ranks {cfg.cluster.rank}..{last})"
-    return supervise(specs, node=node,
+    return supervise(specs, node=node, checks=checks,
                      progress=NodeProgress(f"[{node}]", cfg.train.total_env_steps, cfg.metrics.interval_s))
 
 
@@ -369,6 +381,14 @@ def _saving_told(role: str, stop: threading.Event):
     return told
 
 
+def _checks_passed() -> bool:
+    """Under a node's supervisor (GATE_ENV), a role has loaded its modules while the node checked the run: True
+    once the node says to go on; False when its checks failed or found nothing to do (the node says why)."""
+    if os.environ.pop(GATE_ENV, None) is None:
+        return True
+    return sys.stdin.readline().strip() == GO
+
+
 def _role_error(role: str, message: str, code: int = 1) -> int:
     print(f"[{role}] error: {message}", file=sys.stderr, flush=True)
     return code
@@ -381,8 +401,16 @@ def _learner(cfg: Config, args) -> int:
     from rl_dqn.trainer import torch_threads
     from rl_dqn.system import available_memory, configure_process
     from rl_dqn.transport import LearnerTransport, TransportError
+    import envs.vector  # noqa: F401 - gymnasium and ale-py, for the env check
     startup = StartupClock(launched_at())
     startup.mark("modules loaded")
+    # Adam's first construction imports torch._dynamo (torch.optim's methods are wrapped to keep it out), which
+    # takes about as long as importing torch: imported here, while the node checks the run, and marked apart.
+    import torch._dynamo  # noqa: F401
+    startup.mark("torch._dynamo imported")
+    if not _checks_passed():
+        return 0
+    startup.mark("node's checks passed")
     if not cfg.cluster.single_node:
         _require_cluster(cfg, collector_node=False)
     _check_interface(cfg)
@@ -392,10 +420,6 @@ def _learner(cfg: Config, args) -> int:
     placement = _placement(cfg, 0)
     check_replay_memory(cfg, spec, placement.device, available_memory(placement.device))   # a GPU's context made
     startup.mark(f"{placement.device} ready")
-    # Adam's first construction imports torch._dynamo (torch.optim's methods are wrapped to keep it out), which
-    # takes about as long as importing torch: imported here, so that the start-up line shows its share.
-    import torch._dynamo  # noqa: F401
-    startup.mark("torch._dynamo imported")
     if (line := _finished_already(cfg)) is not None:   # before the run folder is touched or RPC joined
         say("learner", line)
         return 0
@@ -432,6 +456,8 @@ def _collector(cfg: Config, args) -> int:
     from rl_dqn.collector import Collector
     from rl_dqn.system import configure_process
     from rl_dqn.transport import CollectorTransport, TransportError
+    if not _checks_passed():
+        return 0
     rank = cfg.cluster.rank + args.local_index
     if rank < 1 or rank >= cfg.world_size:
         raise ConfigError("cluster.rank", f"collector rank {rank} (cluster.rank + local index) must be in "

@@ -6,6 +6,10 @@ non-zero, naming the role and why. On SIGINT or SIGTERM every role is asked to s
 holds), and whatever is still running after `grace_s` is killed, so nothing outlives the node. A role writing a
 checkpoint says so as the file grows (SAVING): the node waits while it does, up to `grace_s` after its last word.
 
+A node's checks of the run (`checks`) take seconds, most of them importing torch and the env: the roles start at
+once and load their modules meanwhile (GATE_ENV), each then waiting for the word to go on, which it gets once the
+checks pass; when they fail, the roles are taken down before doing anything, and the node alone says why.
+
 Once the role that finishes the run (the learner) has exited 0, the run is complete: no role is started again, the
 roles still running are asked to stop, and the node exits 0 whatever they do then; one line names any that did not
 stop cleanly (one that was joining as the run ended, say).
@@ -23,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from rl_dqn.console import PROGRESS_ENV, PROGRESS_MARK, progress
 
@@ -39,6 +43,9 @@ class RoleSpec(NamedTuple):
 EXIT_BAD_INPUT, EXIT_LEARNER_LOST = 2, 3
 NOT_RESTARTED = {EXIT_BAD_INPUT: "bad input", EXIT_LEARNER_LOST: "the learner is gone"}
 RESTART_DELAY_S = 1.0
+# A role started with GATE_ENV set loads its modules, then reads one line from its stdin before doing anything else:
+# GO when the node's checks passed; anything else (the end of its stdin) when they failed, and it leaves quietly.
+GATE_ENV, GO = "RL_DQN_GATE", "go"
 # The key of a role's progress report while a checkpoint it writes grows: the bytes written so far.
 SAVING = "saving_bytes"
 
@@ -53,6 +60,7 @@ def free_port() -> int:
 class _Role:
     def __init__(self, spec: RoleSpec, env: dict[str, str]):
         self.spec, self.env = spec, env
+        self.gate: bool | None = None if GATE_ENV in env else True   # None: the node's checks are running
         self.restarts_left = spec.restarts
         self.tail: collections.deque[str] = collections.deque(maxlen=20)
         self.progress: tuple[float, dict] | None = None   # (when, report) of its newest progress line
@@ -61,10 +69,26 @@ class _Role:
 
     def _start(self) -> None:
         spec, env = self.spec, self.env
-        self.process = subprocess.Popen(spec.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        text=True, bufsize=1, start_new_session=True, preexec_fn=die_with_parent)
+        gated = GATE_ENV in env
+        self.process = subprocess.Popen(spec.argv, env=env, stdin=subprocess.PIPE if gated else None,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                        start_new_session=True, preexec_fn=die_with_parent)
         self._reader = threading.Thread(target=self._forward, daemon=True)
         self._reader.start()
+        if gated:
+            self.open_gate(self.gate)   # a process started again once the checks passed goes on at once
+
+    def open_gate(self, go: bool | None) -> None:
+        """Tells the process to go on (True) or to leave (False); None: not yet."""
+        self.gate = go
+        if go is None or self.process.stdin is None or self.process.stdin.closed:
+            return
+        try:
+            if go:
+                self.process.stdin.write(GO + "\n")
+            self.process.stdin.close()
+        except OSError:   # it has died meanwhile: the node sees it as it polls
+            pass
 
     def _forward(self) -> None:
         for line in self.process.stdout:
@@ -144,8 +168,14 @@ def die_with_parent() -> None:
         pass
 
 
-def supervise(specs: list[RoleSpec], node: str, grace_s: float = 20.0, progress: NodeProgress | None = None) -> int:
+def supervise(specs: list[RoleSpec], node: str, grace_s: float = 20.0, progress: NodeProgress | None = None,
+              checks: Callable[[], bool] | None = None) -> int:
+    """Runs the roles of `specs` to the node's end and returns its exit code. `checks`, when given, runs while the
+    roles load their modules: True lets them go on; False (nothing to do) or an exception (bad input) ends the
+    node before they do anything, returning 0 or raising it."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", **{PROGRESS_ENV: "1"})
+    if checks is not None:
+        env[GATE_ENV] = "1"
     # TensorPipe warns in C++ about every pipe a departing peer closes; the roles say in one line who left and
     # why. TORCH_CPP_LOG_LEVEL=INFO brings its messages back.
     env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
@@ -162,6 +192,15 @@ def supervise(specs: list[RoleSpec], node: str, grace_s: float = 20.0, progress:
     waited = 0.0
     stop_deadline: float | None = None
     try:
+        if checks is not None:
+            go = False
+            try:
+                go = checks()
+            finally:   # on False or an exception the roles are let go, then killed below if still running
+                for role in roles:
+                    role.open_gate(go)
+            if not go:
+                return 0
         while [r.process.poll() for r in roles].count(None):   # poll every role: each poll updates its returncode
             time.sleep(0.1)
             if progress is not None and (line := progress.line(roles)) is not None:

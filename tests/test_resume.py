@@ -20,7 +20,7 @@ from test_end_to_end import ROOT, finish, launch, processes_of
 
 from rl_dqn import checkpoints
 from rl_dqn.cli import finished_already
-from rl_dqn.config import load_config
+from rl_dqn.config import ConfigError, load_config
 from rl_dqn.evaluate import EvalResult
 from rl_dqn.supervisor import RoleSpec, supervise
 from rl_dqn.transport import TransportError
@@ -313,6 +313,78 @@ def test_a_stopping_role_is_waited_for_while_its_checkpoint_grows_and_killed_onc
     killed = [line for line in err.splitlines() if line.startswith("local: killing learner")]
     assert killed and 3.5 < took < 15, (took, err)
     assert "@progress" not in err
+
+
+# A role as the real ones start under a node's checks (rl_dqn.cli._checks_passed): it writes "loaded" to argv[1]
+# once its modules would be loaded, waits for the node's word, and writes what it got; then, as argv[2] says, it
+# ends ("finish"), or, a collector, dies once by SIGKILL ("die-once") and ends in its second process, or, a learner,
+# ends once the collector whose log is argv[3] has gone on twice ("after-restart").
+GATED = """
+import os, pathlib, signal, sys, time
+from rl_dqn.cli import _checks_passed
+log, how = pathlib.Path(sys.argv[1]), sys.argv[2]
+with open(log, "a") as f:
+    f.write("loaded\\n")
+went = _checks_passed()
+with open(log, "a") as f:
+    f.write(f"went {went}\\n")
+if how == "die-once" and log.read_text().count("loaded") == 1:
+    os.kill(os.getpid(), signal.SIGKILL)
+while how == "after-restart" and pathlib.Path(sys.argv[3]).read_text().count("went") < 2:
+    time.sleep(0.05)
+"""
+
+
+def gated_node(tmp_path, checks, collector: str = "finish") -> int:
+    learner = ["after-restart", str(tmp_path / "collector")] if collector == "die-once" else ["finish"]
+    return supervise([role("learner", GATED, str(tmp_path / "learner"), *learner, finishes_run=True),
+                      role("collector0", GATED, str(tmp_path / "collector"), collector, restarts=1)],
+                     node="local", checks=checks)
+
+
+def until(condition, timeout_s: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_the_roles_load_their_modules_while_the_node_checks_the_run_and_go_on_once_it_passes(tmp_path,
+                                                                                               monkeypatch):
+    """Both roles were loaded before the checks ended, and neither went on before; a collector started again after
+    they passed goes on at once."""
+    monkeypatch.setattr("rl_dqn.supervisor.RESTART_DELAY_S", 0.1)
+    learner, collector = tmp_path / "learner", tmp_path / "collector"
+
+    def checks() -> bool:
+        assert until(lambda: learner.exists() and collector.exists()), "the roles did not start during the checks"
+        assert learner.read_text() == collector.read_text() == "loaded\n"
+        return True
+
+    assert gated_node(tmp_path, checks, collector="die-once") == 0
+    assert learner.read_text() == "loaded\nwent True\n"
+    assert collector.read_text() == "loaded\nwent True\nloaded\nwent True\n"
+
+
+@pytest.mark.parametrize("outcome", ["nothing to do", "bad input"])
+def test_checks_that_fail_take_the_roles_down_before_they_do_anything(tmp_path, outcome):
+    learner = tmp_path / "learner"
+
+    def checks() -> bool:
+        assert until(learner.exists)
+        if outcome == "bad input":
+            raise ConfigError("env.id", "no such game")
+        return False
+
+    if outcome == "bad input":
+        with pytest.raises(ConfigError, match="no such game"):
+            gated_node(tmp_path, checks)
+    else:
+        assert gated_node(tmp_path, checks) == 0
+    for log in (learner, tmp_path / "collector"):   # each was let go with False, or killed before it asked
+        assert not log.exists() or log.read_text() in ("loaded\n", "loaded\nwent False\n"), log.read_text()
 
 
 # ------------------------------------------------------------------------------------ real runs
