@@ -84,9 +84,11 @@ class _Role:
         if go is None or self.process.stdin is None or self.process.stdin.closed:
             return
         try:
-            if go:
-                self.process.stdin.write(GO + "\n")
-            self.process.stdin.close()
+            try:
+                if go:
+                    self.process.stdin.write(GO + "\n")
+            finally:
+                self.process.stdin.close()
         except OSError:   # it has died meanwhile: the node sees it as it polls
             pass
 
@@ -179,28 +181,30 @@ def supervise(specs: list[RoleSpec], node: str, grace_s: float = 20.0, progress:
     # TensorPipe warns in C++ about every pipe a departing peer closes; the roles say in one line who left and
     # why. TORCH_CPP_LOG_LEVEL=INFO brings its messages back.
     env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    roles = [_Role(spec, env) for spec in specs]
+    if checks is not None:
+        go = False
+        try:   # under the default signal handlers: Ctrl-C stops checks that hang
+            go = checks()
+        finally:
+            for role in roles:
+                role.open_gate(go)
+            if not go:   # they have done nothing: no grace
+                _take_down(roles)
+        if not go:
+            return 0
     interrupted: list[int] = []
 
     def on_signal(signum, _frame):
         interrupted.append(signum)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    roles = [_Role(spec, env) for spec in specs]
     failed: str | None = None
     complete = False   # the learner finished the run
     stuck: list[_Role] = []   # killed, still running `waited` seconds after being asked to stop
     waited = 0.0
     stop_deadline: float | None = None
     try:
-        if checks is not None:
-            go = False
-            try:
-                go = checks()
-            finally:   # on False or an exception the roles are let go, then killed below if still running
-                for role in roles:
-                    role.open_gate(go)
-            if not go:
-                return 0
         while [r.process.poll() for r in roles].count(None):   # poll every role: each poll updates its returncode
             time.sleep(0.1)
             if progress is not None and (line := progress.line(roles)) is not None:
@@ -238,11 +242,7 @@ def supervise(specs: list[RoleSpec], node: str, grace_s: float = 20.0, progress:
                 _signal_all(roles, signal.SIGKILL)
                 break
     finally:
-        for role in roles:
-            if role.process.poll() is None:
-                role.process.kill()
-            role.process.wait()
-            role.finish_output()
+        _take_down(roles)
         for s, handler in previous.items():
             signal.signal(s, handler)
     if failed:
@@ -259,6 +259,15 @@ def supervise(specs: list[RoleSpec], node: str, grace_s: float = 20.0, progress:
     for role in bad:
         print(f"{node}: {role.spec.label} {role.why()}", file=sys.stderr, flush=True)
     return 1 if bad else 0
+
+
+def _take_down(roles: list[_Role]) -> None:
+    """Kills what still runs of `roles`, and waits for each and for the last of its output."""
+    for role in roles:
+        if role.process.poll() is None:
+            role.process.kill()
+        role.process.wait()
+        role.finish_output()
 
 
 def _deadline(roles: list[_Role], stop_deadline: float, grace_s: float) -> float:

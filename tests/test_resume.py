@@ -359,7 +359,8 @@ def test_the_roles_load_their_modules_while_the_node_checks_the_run_and_go_on_on
     learner, collector = tmp_path / "learner", tmp_path / "collector"
 
     def checks() -> bool:
-        assert until(lambda: learner.exists() and collector.exists()), "the roles did not start during the checks"
+        assert until(lambda: all(log.exists() and "loaded" in log.read_text() for log in (learner, collector))), \
+            "the roles did not start during the checks"
         assert learner.read_text() == collector.read_text() == "loaded\n"
         return True
 
@@ -373,7 +374,7 @@ def test_checks_that_fail_take_the_roles_down_before_they_do_anything(tmp_path, 
     learner = tmp_path / "learner"
 
     def checks() -> bool:
-        assert until(learner.exists)
+        assert until(lambda: learner.exists() and "loaded" in learner.read_text())
         if outcome == "bad input":
             raise ConfigError("env.id", "no such game")
         return False
@@ -384,7 +385,7 @@ def test_checks_that_fail_take_the_roles_down_before_they_do_anything(tmp_path, 
     else:
         assert gated_node(tmp_path, checks) == 0
     for log in (learner, tmp_path / "collector"):   # each was let go with False, or killed before it asked
-        assert not log.exists() or log.read_text() in ("loaded\n", "loaded\nwent False\n"), log.read_text()
+        assert not log.exists() or log.read_text() in ("", "loaded\n", "loaded\nwent False\n"), log.read_text()
 
 
 # ------------------------------------------------------------------------------------ real runs
