@@ -85,8 +85,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> NoReturn:
-    """The `rl-dqn` console command (pyproject.toml) and `python -m rl_dqn`."""
-    exit_process(main())
+    """The `rl-dqn` console command (pyproject.toml) and `python -m rl_dqn`. A Ctrl-C that reaches Python (a node's
+    checks, a tool) ends it with 130 and no traceback."""
+    try:
+        code = main()
+    except KeyboardInterrupt:
+        code = 128 + signal.SIGINT
+    exit_process(code)
 
 
 def exit_process(code: int) -> NoReturn:
