@@ -97,12 +97,14 @@ def launched_at() -> float | None:
 
 
 def process_started_at() -> float | None:
-    """time.time() when this process started (Linux: /proc), or None where that cannot be read."""
+    """time.time() when this process started (Linux: /proc), or None where that cannot be read. Its age is the
+    uptime less its start in clock ticks since boot, both to 10 ms (the boot time /proc/stat gives is in whole
+    seconds, too coarse for a start-up line)."""
     try:
         ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])   # field 22: starttime
-        boot = next(int(line.split()[1]) for line in open("/proc/stat") if line.startswith("btime "))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+        uptime = float(open("/proc/uptime").read().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
         return None
 
 

@@ -170,3 +170,13 @@ def test_say_writes_once_where_the_root_logger_is_configured_too(rl_dqn_logger, 
     finally:
         root.removeHandler(extra)
     assert capsys.readouterr().out == "[local] run x: learner + 2 collectors\n"
+
+
+def test_a_start_up_line_times_the_process_from_its_start_to_within_a_fraction_of_a_second():
+    """A fresh interpreter's age, as rl_dqn.console reads it from /proc, as soon as it can run code: more than 0 and
+    well under a second (the boot time /proc/stat gives, in whole seconds, was off by up to one)."""
+    code = ("import time; now = time.time(); from rl_dqn.console import process_started_at; "
+            "print(now - process_started_at())")
+    ages = [float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+            for _ in range(3)]
+    assert all(0 < age < 0.5 for age in ages), ages
