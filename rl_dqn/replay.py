@@ -50,9 +50,10 @@ def bytes_needed(capacity: int, frame_shape: tuple[int, ...], frame_dtype: torch
                  collector_priorities: bool = False) -> int:
     """Memory a ReplayMemory of `capacity` transitions allocates: per entry one frame, the action (8 bytes), the
     reward (4), two flags (2), the sum tree's leaf and write stamp (12) and, with collector priorities, two Q-values
-    (8); the tree's upper levels add a small fraction of its leaves."""
+    (8); the tree's upper levels add a small fraction of its leaves. One zero frame more stands in for the frames of
+    a stack that reach back past its episode's start."""
     frame = torch.Size(frame_shape).numel() * torch.empty((), dtype=frame_dtype).element_size()
-    return capacity * (frame + 26 + (8 if collector_priorities else 0))
+    return capacity * (frame + 26 + (8 if collector_priorities else 0)) + frame
 
 
 class ReplayMemory:
@@ -76,7 +77,11 @@ class ReplayMemory:
         # Left as allocated, not zeroed: no frame is read before it is written (_stack masks what reaches back past
         # an episode's start, and each lane starts with one; state_dict zeroes the unwritten ones it saves), so a
         # large memory takes its pages as chunks fill it instead of writing all of them before the first chunk.
-        self.frames = torch.empty(*shape, *frame_shape, dtype=frame_dtype, device=d)
+        # One row more, after the last lane, holds a zero frame, which _stack gathers in place of a masked one.
+        rows = num_lanes * self.lane_capacity + 1
+        self._frame_rows = torch.empty(rows, *frame_shape, dtype=frame_dtype, device=d)
+        self._frame_rows[-1] = 0
+        self.frames = self._frame_rows[:-1].view(*shape, *frame_shape)
         self.actions = torch.zeros(shape, dtype=torch.int64, device=d)
         self.rewards = torch.zeros(shape, dtype=torch.float32, device=d)
         self.terminated = torch.zeros(shape, dtype=torch.bool, device=d)
@@ -286,19 +291,19 @@ class ReplayMemory:
         S = self.frame_stack
         positions = (tick[:, None] + torch.arange(-S + 1, 1, device=self.device)) % self.lane_capacity
         rows = lane[:, None]
+        index = rows * self.lane_capacity + positions                      # [B, S]: rows of the flattened store
+        if S > 1:
+            # The frame at tick t belongs to an earlier episode when an episode starts in (t, k]: a reverse
+            # cumulative OR over the start flags of ticks k-S+2 .. k. Such a frame is gathered from the zero row
+            # instead, a select on the indices rather than on the frames (a frame never written may hold
+            # anything, NaN included, so a product would not do).
+            starts = self.first[rows, positions[:, 1:]]
+            earlier = starts.flip(1).cummax(1).values.flip(1)              # [B, S-1]: ticks k-S+1 .. k-1
+            index[:, :-1] = torch.where(earlier, len(self._frame_rows) - 1, index[:, :-1])
         # Whole frames as rows of the flattened store: on the CPU this copies each frame at once, where
         # frames[rows, positions] went element by element (docs/benchmarks.md, Replay memory).
-        frames = self.frames.flatten(0, 1).index_select(0, (rows * self.lane_capacity + positions).flatten())
-        frames = frames.view(*positions.shape, *self.frames.shape[2:])     # [B, S, *frame]
-        if S == 1:
-            return frames
-        # The frame at tick t belongs to an earlier episode when an episode starts in (t, k]: a reverse
-        # cumulative OR over the start flags of ticks k-S+2 .. k.
-        starts = self.first[rows, positions[:, 1:]]
-        earlier = starts.flip(1).cummax(1).values.flip(1)                  # [B, S-1]: ticks k-S+1 .. k-1
-        keep = torch.cat([~earlier, torch.ones_like(earlier[:, :1])], dim=1)
-        # A select, not a product: a frame never written may hold anything, NaN included.
-        return torch.where(keep.view(*keep.shape, *([1] * (frames.dim() - 2))), frames, 0)
+        frames = self._frame_rows.index_select(0, index.flatten())
+        return frames.view(*positions.shape, *self.frames.shape[2:])       # [B, S, *frame]
 
     def _gather(self, lane: torch.Tensor, tick: torch.Tensor, index: torch.Tensor | None = None,
                 weights: torch.Tensor | None = None, n_step: int | None = None) -> Batch:

@@ -229,7 +229,7 @@ def test_the_replay_check_counts_what_the_memory_allocates():
     cfg = load_config(ROOT / "configs/atari_cpu.yaml", ["train.replay_capacity=200000"])
     spec = EnvSpec((4, 84, 84), torch.uint8, 6)
     check_replay_memory(cfg, spec, "cpu", None)                  # unknown: not checked
-    check_replay_memory(cfg, spec, "cpu", 200_000 * 7_082)       # one frame and 26 bytes per transition fit
+    check_replay_memory(cfg, spec, "cpu", 200_000 * 7_082 + 7_056)   # a frame and 26 bytes each, one zero frame
     with pytest.raises(ConfigError, match=r"^train.replay_capacity: 200,000 transitions of 7,082 bytes need 1.3 GiB "
                                           r"on cpu, which has 1.0 GiB available; at most 151,615 fit there$"):
         check_replay_memory(cfg, spec, "cpu", 2**30)
