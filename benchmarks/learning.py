@@ -425,7 +425,7 @@ def main() -> int:
         if interrupted:
             break
     if not results:
-        return 1
+        return 130 if interrupted else 1
     print()
     print(table(results, args.scores))
     if games:

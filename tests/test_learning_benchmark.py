@@ -177,7 +177,7 @@ def test_an_interrupt_between_a_killed_learner_and_its_resumption_ends_the_bench
         process = subprocess.Popen(
             [*BENCHMARK, "--prefix", "down", "--seeds", "1,2", "--minutes", "3", "--kill-learner-at-env-steps", "2000",
              "--downtime", "120", "--scores", "-21", "train.total_env_steps=1000000",
-             "learner.checkpoint_every_updates=20", "eval.video=false", *ONE],
+             "learner.checkpoint_every_updates=20", "eval.video=false", *ONE, *SOON],
             cwd=ROOT, env=_env(tmp_path), stdout=out, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.time() + 180
