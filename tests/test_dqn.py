@@ -62,6 +62,43 @@ def test_quantile_huber_loss_by_hand():
     assert weighted.item() == pytest.approx(0.5 * 0.5625 / 2)
 
 
+def test_quantile_huber_loss_gradient_by_hand():
+    # The example above: d Huber(u) / du is u clamped to [-1, 1], and du / d quantile = -1. Quantile 0 (tau 0.25,
+    # u = 1 and 4): -(0.25 * 1 + 0.25 * 1); quantile 1 (tau 0.75, u = -1 and 2): -(0.25 * -1 + 0.75 * 1); each over
+    # the 4 pairs and the 2 samples. The second sample's u are all 0: no gradient.
+    quantiles = torch.tensor([[0.0, 2.0], [1.0, 1.0]], requires_grad=True)
+    targets = torch.tensor([[1.0, 4.0], [1.0, 1.0]])
+    loss, _ = dqn.quantile_huber_loss(quantiles, targets)
+    loss.backward()
+    assert quantiles.grad.tolist() == [pytest.approx([-0.0625, -0.0625]), [0.0, 0.0]]
+
+
+def _quantile_huber_loss_by_autograd(quantiles, targets, weights):
+    """The loss as the QR-DQN paper writes it, differentiated by autograd: what the closed-form gradient must match."""
+    tau = dqn.quantile_fractions(quantiles.shape[1])[None, :, None]
+    u = targets[:, None, :] - quantiles[:, :, None]
+    huber = torch.where(u.abs() <= 1, 0.5 * u ** 2, u.abs() - 0.5)
+    per_sample = ((tau - (u.detach() < 0).float()).abs() * huber).mean(dim=(1, 2))
+    return (per_sample if weights is None else per_sample * weights).mean(), per_sample.detach()
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_quantile_huber_loss_matches_autograd_of_its_formula(weighted):
+    generator = torch.Generator().manual_seed(0)
+    quantiles = (3 * torch.randn(16, 8, generator=generator)).requires_grad_()
+    targets = 3 * torch.randn(16, 12, generator=generator)   # N' != N: the target may have other quantiles
+    targets[0, :8] = quantiles.detach()[0]                    # u = 0 exactly: the indicator's edge
+    weights = torch.rand(16, generator=generator) if weighted else None
+    loss, per_sample = dqn.quantile_huber_loss(quantiles, targets, weights)
+    expected, expected_per_sample = _quantile_huber_loss_by_autograd(quantiles, targets, weights)
+    assert torch.allclose(loss, expected, rtol=1e-6, atol=0)
+    assert torch.allclose(per_sample, expected_per_sample, rtol=1e-6, atol=0)
+    gradient, = torch.autograd.grad(loss, quantiles)
+    expected_gradient, = torch.autograd.grad(expected, quantiles)
+    assert torch.allclose(gradient, expected_gradient, rtol=1e-5, atol=1e-9)
+    assert not per_sample.requires_grad
+
+
 def test_minimizing_the_quantile_huber_loss_finds_the_quantiles_of_the_targets():
     """Against samples of a uniform distribution on [0, 100], each of 5 quantiles trained by gradient descent settles
     near its fraction's quantile, 100 tau (within the Huber loss's quadratic band of 1), in order."""
