@@ -156,11 +156,14 @@ def draw(runs: dict[str, list[EvalPoint]], out: Path, targets: list[float] = (),
 
 
 def draw_games(games: dict[str, dict[str, list[EvalPoint]]], out: Path, title: str = "",
-               levels: dict[str, dict[str, float]] | None = None, by_env_steps: bool = False) -> None:
+               levels: dict[str, dict[str, float]] | None = None, by_env_steps: bool = False,
+               steps: dict[str, dict[str, tuple[int, tuple[float, ...]]]] | None = None) -> None:
     """A grid of games, each its evaluation score against wall minutes from launch (or, `by_env_steps`, against
     millions of env steps, where runs on machines of different speeds compare), every run of it drawn (its label,
-    e.g. `seed 2`, in the same colour in every game), and each game's `levels` (by name, e.g. another agent's score)
-    as grey lines of their own dash, into a PNG."""
+    e.g. `seed 2`, in the same colour in every game), each game's `levels` (by name, e.g. another agent's score)
+    as grey lines of their own dash, and with `by_env_steps` each game's `steps` (by name: env steps per step and
+    the values, e.g. another agent's score per training iteration) as grey staircases of their own dash, into a
+    PNG."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -172,11 +175,15 @@ def draw_games(games: dict[str, dict[str, list[EvalPoint]]], out: Path, title: s
     labels = sorted({label for runs in games.values() for label in runs})
     colours = dict(zip(labels, itertools.cycle(plt.get_cmap("tab10").colors)))
     levels = levels or {}
-    level_names = sorted({name for of_game in levels.values() for name in of_game})
+    steps = (steps or {}) if by_env_steps else {}
+    level_names = sorted({name for of_game in [*levels.values(), *steps.values()] for name in of_game})
     dashes = dict(zip(level_names, itertools.cycle(["--", ":", "-."])))
     for axes, (game, runs) in zip(grid.flat, games.items()):
         for name, value in levels.get(game, {}).items():
             axes.axhline(value, color="grey", linestyle=dashes[name], linewidth=0.9)
+        for name, (width, values) in steps.get(game, {}).items():
+            edges = [i * width / 1e6 for i in range(len(values) + 1)]
+            axes.stairs(values, edges, baseline=None, color="grey", linestyle=dashes[name], linewidth=0.9)
         for label, points in runs.items():
             x = [p.env_steps / 1e6 if by_env_steps else p.seconds / 60 for p in points]
             axes.plot(x, [p.mean for p in points], marker=".", markersize=4, label=label,

@@ -238,11 +238,18 @@ def write(results: Path = RESULTS, page_path: Path = PAGE, figures_dir: Path = F
         out = figures_dir / f"{name}.png"
         if bench.games:
             from rl_dqn import atari_scores as ref
-            levels = {game: {name: scores[game] for name, scores in (("Dopamine DQN at 10M frames", ref.DOPAMINE_DQN),
-                                                                     ("Dopamine Rainbow at 10M frames",
-                                                                      ref.DOPAMINE_RAINBOW)) if game in scores}
-                      for game in curves}
-            draw_games(curves, out, bench.title, levels, by_env_steps=bool(bench.against))
+            if bench.against:   # against env steps: Dopamine's agents iteration by iteration, on the same axis
+                steps = {game: {name: (ref.ITERATION_ENV_STEPS, curve[game]) for name, curve in (
+                    ("Dopamine DQN (training returns)", ref.DOPAMINE_DQN_CURVE),
+                    ("Dopamine Rainbow (training returns)", ref.DOPAMINE_RAINBOW_CURVE)) if game in curve}
+                    for game in curves}
+                draw_games(curves, out, bench.title, by_env_steps=True, steps=steps)
+            else:
+                levels = {game: {name: scores[game] for name, scores in (
+                    ("Dopamine DQN at 10M frames", ref.DOPAMINE_DQN),
+                    ("Dopamine Rainbow at 10M frames", ref.DOPAMINE_RAINBOW)) if game in scores}
+                    for game in curves}
+                draw_games(curves, out, bench.title, levels)
         else:
             draw(curves, out, [bench.target] if bench.target is not None else [], bench.title)
         written.append(out)
@@ -284,7 +291,8 @@ def _steps(env_steps: int | None) -> str:
 
 
 GAMES_HEAD = ["game", "last evaluation (each seed)", "mean", "best (each seed)", "env steps (each seed)", "random",
-              "random here", "human", "Dopamine DQN", "Dopamine Rainbow", "human-normalised", "at or above Rainbow"]
+              "random here", "human", "Dopamine DQN", "Dopamine Rainbow", "human-normalised", "at or above Rainbow",
+              "Rainbow at the same env steps (each seed)", "seeds at or above it"]
 # A benchmark's random.csv (benchmarks/random_scores.py --csv): the random policy's scores, played as its runs evaluate.
 RANDOM_CSV = "random.csv"
 RANDOM_COLUMNS = ("game", "config", "episodes", "mean", "std", "min", "max")
@@ -316,8 +324,11 @@ def games_rows(runs: list[GameRun], games: list[str], link=None,
     """The table over games: a row per game, its seeds' last evaluation (the score at the run's end or time limit),
     their mean, each seed's best and env steps, beside the random and human scores and Dopamine's agents at 10M
     frames (rl_dqn.atari_scores), the random policy's score here (`random`, by game) where measured, the mean's
-    human-normalised score (percent) and whether it is at or above Rainbow's; and a line with the Atari-5 estimate
-    of the 57-game median. `link(run, text)` may wrap a seed's score (the page links it to its record)."""
+    human-normalised score (percent) and whether it is at or above Rainbow's; then Rainbow over the same env steps
+    as each seed's last evaluation (its training return in that iteration: a run that reached fewer env steps than
+    10M frames is read against Rainbow's curve where it stood) and how many seeds are at or above it; and a line with
+    the Atari-5 estimate of the 57-game median. `link(run, text)` may wrap a seed's score (the page links it to its
+    record)."""
     from rl_dqn import atari_scores as ref
     link = link or (lambda run, text: text)
     random = random or {}
@@ -330,6 +341,8 @@ def games_rows(runs: list[GameRun], games: list[str], link=None,
         means[game] = mean
         rainbow = ref.DOPAMINE_RAINBOW.get(game)
         known = game in ref.RANDOM and game in ref.HUMAN
+        alongside = [ref.dopamine_at(ref.DOPAMINE_RAINBOW_CURVE, game, r.points[-1].env_steps) for r in of_game]
+        level_or_above = sum(value is not None and r.points[-1].mean >= value for r, value in zip(of_game, alongside))
         rows.append([
             game,
             " / ".join(link(r, f"{_score(r.points[-1].mean)} (s{r.seed})") for r in of_game),
@@ -339,7 +352,9 @@ def games_rows(runs: list[GameRun], games: list[str], link=None,
             _score(ref.RANDOM.get(game)), _score(random.get(game)), _score(ref.HUMAN.get(game)),
             _score(ref.DOPAMINE_DQN.get(game)), _score(rainbow),
             f"{ref.human_normalized(game, mean):.1f}%" if known else "-",
-            "-" if rainbow is None else "yes" if mean >= rainbow else "no"])
+            "-" if rainbow is None else "yes" if mean >= rainbow else "no",
+            "-" if rainbow is None else " / ".join(_score(value) for value in alongside),
+            "-" if rainbow is None else f"{level_or_above} of {len(of_game)}"])
     return rows, _atari5_line(runs, means)
 
 

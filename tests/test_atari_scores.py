@@ -34,3 +34,20 @@ def test_every_reported_game_has_all_four_reference_scores():
     assert set(ref.RANDOM) == set(ref.HUMAN) == set(ref.DOPAMINE_DQN) == set(ref.DOPAMINE_RAINBOW)
     assert set(ref.ATARI5) <= set(ref.RANDOM)
     assert all(ref.HUMAN[game] > ref.RANDOM[game] for game in ref.RANDOM)
+
+
+def test_dopamines_curves_end_at_the_scores_at_10m_frames():
+    for curve, at_10m in ((ref.DOPAMINE_DQN_CURVE, ref.DOPAMINE_DQN), (ref.DOPAMINE_RAINBOW_CURVE, ref.DOPAMINE_RAINBOW)):
+        assert set(curve) == set(ref.RANDOM)
+        assert all(len(values) == 10 and values[9] == at_10m[game] for game, values in curve.items())
+
+
+def test_a_baseline_over_the_same_env_steps_is_the_iteration_that_holds_them():
+    breakout = ref.DOPAMINE_RAINBOW_CURVE["Breakout"]
+    assert ref.dopamine_at(ref.DOPAMINE_RAINBOW_CURVE, "Breakout", 1) == breakout[0]
+    assert ref.dopamine_at(ref.DOPAMINE_RAINBOW_CURVE, "Breakout", 250_000) == breakout[0]
+    assert ref.dopamine_at(ref.DOPAMINE_RAINBOW_CURVE, "Breakout", 250_001) == breakout[1]
+    assert ref.dopamine_at(ref.DOPAMINE_RAINBOW_CURVE, "Breakout", 1_680_000) == breakout[6]
+    assert ref.dopamine_at(ref.DOPAMINE_RAINBOW_CURVE, "Breakout", 2_500_000) == breakout[9] == 41.9
+    assert ref.dopamine_at(ref.DOPAMINE_RAINBOW_CURVE, "Breakout", 2_500_001) is None   # past its 10M frames
+    assert ref.dopamine_at(ref.DOPAMINE_RAINBOW_CURVE, "Seaquest", 100_000) is None

@@ -131,9 +131,12 @@ def test_a_benchmark_over_games_has_a_row_per_game_beside_the_reference_scores_a
                            f"{ref.DOPAMINE_DQN['Qbert']:,.0f}", f"{ref.DOPAMINE_RAINBOW['Qbert']:,.0f}"]
     hns = 100 * (4000 - ref.RANDOM["Qbert"]) / (ref.HUMAN["Qbert"] - ref.RANDOM["Qbert"])
     assert qbert[10] == f"{hns:.1f}%" and qbert[11] == ("yes" if 4000 >= ref.DOPAMINE_RAINBOW["Qbert"] else "no")
+    # Both seeds' last rounds came at 200k env steps: Rainbow's first iteration (its first 250k env steps) there.
+    assert qbert[12:] == [f"{ref.DOPAMINE_RAINBOW_CURVE['Qbert'][0]:,.0f} / {ref.DOPAMINE_RAINBOW_CURVE['Qbert'][0]:,.0f}",
+                          "2 of 2"]
     assert rows["Pong"][6] == "-"   # random.csv has no row for it
     assert rows["Pong"][10] == f"{100 * (15.2 - ref.RANDOM['Pong']) / (ref.HUMAN['Pong'] - ref.RANDOM['Pong']):.1f}%"
-    assert rows["Seaquest"][5:] == ["-"] * 7   # no reference scores for it
+    assert rows["Seaquest"][5:] == ["-"] * 9   # no reference scores for it
     assert ("Atari-5 estimate of the median human-normalised score over 57 games: not yet (no run of BattleZone, "
             "DoubleDunk, NameThisGame, Phoenix)") in text
     # Every record also has its row in the table of runs; the figure is a grid of the games, seeds by label.
