@@ -5,7 +5,7 @@
 
 For each device present (CPU, and the GPU when there is one), each batch size and each of: prioritized 10-step
 replay with the NIPS torso (configs/pong_cpu.yaml; also with QR-DQN's 32 quantiles, configs/atari_cpu.yaml's
-update, and in bfloat16 with Nature DQN's target), uniform 1-step replay (configs/pong.yaml) and prioritized 3-step
+update, and in bfloat16 with Nature DQN's target, with and without the quantiles), uniform 1-step replay (configs/pong.yaml) and prioritized 3-step
 replay with a dueling network (configs/pong_apex.yaml), the last two with the Nature torso, each with the network in
 float32 and in bfloat16, it fills a replay of Pong-shaped frames on that device and times Learner.step() (sample,
 Double DQN update, new priorities) and replay.sample() alone, with the next batch prepared on a second thread
@@ -45,6 +45,8 @@ SETUPS = {
     "NIPS, PER, 10-step, bf16, Nature target": ("pong_cpu.yaml", ["network.precision=bf16", "train.double=false"]),
     "NIPS, 32 quantiles, PER, 10-step, fp32": ("pong_cpu.yaml", ["network.precision=fp32", "network.quantiles=32"]),
     "NIPS, 32 quantiles, PER, 10-step, bf16": ("pong_cpu.yaml", ["network.precision=bf16", "network.quantiles=32"]),
+    "NIPS, 32 quantiles, PER, 10-step, bf16, Nature target": ("pong_cpu.yaml", [
+        "network.precision=bf16", "network.quantiles=32", "train.double=false"]),
     "uniform, 1-step, fp32": ("pong.yaml", ["network.precision=fp32"]),
     "uniform, 1-step, bf16": ("pong.yaml", ["network.precision=bf16"]),
     "PER, 3-step, dueling, fp32": ("pong_apex.yaml", ["network.precision=fp32"]),
@@ -152,7 +154,8 @@ def main() -> None:
     gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
     print(f"rl_dqn learner on {os.cpu_count()} CPU cores{gpu}, torch {torch.__version__}, replay "
           f"{args.replay:,} Pong transitions ({time.strftime('%Y-%m-%d')})", flush=True)
-    print(f"  {'device':<6} {'replay and network':<40} {'overlap':>7} {'graph':>5} {'batch':>5} {'updates/s':>10} "
+    width = max(len(label) for label in SETUPS)
+    print(f"  {'device':<6} {'replay and network':<{width}} {'overlap':>7} {'graph':>5} {'batch':>5} {'updates/s':>10} "
           f"{'samples/s':>10} {'CPU ms':>8} {'sampling share':>15}", flush=True)
     failed = False
     for device in args.devices.split(","):
@@ -169,7 +172,7 @@ def main() -> None:
                         step, cpu, sample = measure(learner, args.seconds)
                         shown = "fail" if graph == "on" and not learner.trainer.static else graph   # eager updates
                         failed = failed or shown == "fail"
-                        print(f"  {device:<6} {label:<40} {overlap:>7} {shown:>5} {batch:>5} {1 / step:>10,.1f} "
+                        print(f"  {device:<6} {label:<{width}} {overlap:>7} {shown:>5} {batch:>5} {1 / step:>10,.1f} "
                               f"{batch / step:>10,.0f} {cpu * 1e3:>8.1f} {sample / step:>14.0%}", flush=True)
                         if args.profile:
                             print(profile(learner, args.profile), flush=True)
