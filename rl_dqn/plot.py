@@ -200,7 +200,7 @@ def draw_games(games: dict[str, dict[str, list[EvalPoint]]], out: Path, title: s
     handles = [plt.Line2D([], [], color=colours[label], marker=".") for label in labels]
     handles += [plt.Line2D([], [], color="grey", linestyle=dashes[name], linewidth=0.9) for name in level_names]
     figure.legend(handles, [*labels, *level_names], loc="outside lower center",
-                  ncols=min(len(labels) + len(level_names), 6), fontsize="small")
+                  ncols=min(len(labels) + len(level_names), 6 if columns > 1 else 3), fontsize="small")
     if title:
         figure.suptitle(title, fontsize="medium")
     out.parent.mkdir(parents=True, exist_ok=True)
