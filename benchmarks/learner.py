@@ -5,9 +5,9 @@
 
 For each device present (CPU, and the GPU when there is one), each batch size and each of: prioritized 10-step
 replay with the NIPS torso (configs/pong_cpu.yaml; also with QR-DQN's 32 quantiles, configs/atari_cpu.yaml's
-update, and in bfloat16 with Nature DQN's target, with and without the quantiles), uniform 1-step replay (configs/pong.yaml) and prioritized 3-step
-replay with a dueling network (configs/pong_apex.yaml), the last two with the Nature torso, each with the network in
-float32 and in bfloat16, it fills a replay of Pong-shaped frames on that device and times Learner.step() (sample,
+update, and in bfloat16 with Nature DQN's target, with and without the quantiles), uniform 1-step replay
+(configs/pong.yaml) and prioritized 3-step replay with a dueling network (configs/pong_apex.yaml), the last two with
+the Nature torso, each with the network in float32 and in bfloat16, it fills a replay of Pong-shaped frames on that device and times Learner.step() (sample,
 Double DQN update, new priorities) and replay.sample() alone, with the next batch prepared on a second thread
 (learner.overlap, the default) and without, and on a GPU with the whole update captured as one CUDA graph
 (learner.cuda_graph, the default; "graph" on, where overlap does not apply) and launched op by op.

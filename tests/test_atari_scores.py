@@ -37,7 +37,8 @@ def test_every_reported_game_has_all_four_reference_scores():
 
 
 def test_dopamines_curves_end_at_the_scores_at_10m_frames():
-    for curve, at_10m in ((ref.DOPAMINE_DQN_CURVE, ref.DOPAMINE_DQN), (ref.DOPAMINE_RAINBOW_CURVE, ref.DOPAMINE_RAINBOW)):
+    for curve, at_10m in ((ref.DOPAMINE_DQN_CURVE, ref.DOPAMINE_DQN),
+                          (ref.DOPAMINE_RAINBOW_CURVE, ref.DOPAMINE_RAINBOW)):
         assert set(curve) == set(ref.RANDOM)
         assert all(len(values) == 10 and values[9] == at_10m[game] for game, values in curve.items())
 

@@ -132,8 +132,8 @@ def test_a_benchmark_over_games_has_a_row_per_game_beside_the_reference_scores_a
     hns = 100 * (4000 - ref.RANDOM["Qbert"]) / (ref.HUMAN["Qbert"] - ref.RANDOM["Qbert"])
     assert qbert[10] == f"{hns:.1f}%" and qbert[11] == ("yes" if 4000 >= ref.DOPAMINE_RAINBOW["Qbert"] else "no")
     # Both seeds' last rounds came at 200k env steps: Rainbow's first iteration (its first 250k env steps) there.
-    assert qbert[12:] == [f"{ref.DOPAMINE_RAINBOW_CURVE['Qbert'][0]:,.0f} / {ref.DOPAMINE_RAINBOW_CURVE['Qbert'][0]:,.0f}",
-                          "2 of 2"]
+    first = f"{ref.DOPAMINE_RAINBOW_CURVE['Qbert'][0]:,.0f}"
+    assert qbert[12:] == [f"{first} / {first}", "2 of 2"]
     assert rows["Pong"][6] == "-"   # random.csv has no row for it
     assert rows["Pong"][10] == f"{100 * (15.2 - ref.RANDOM['Pong']) / (ref.HUMAN['Pong'] - ref.RANDOM['Pong']):.1f}%"
     assert rows["Seaquest"][5:] == ["-"] * 9   # no reference scores for it
