@@ -4,17 +4,17 @@
                                  [--overlap on,off] [--graph on,off] [--only NIPS] [--profile UPDATES]
 
 For each device present (CPU, and the GPU when there is one), each batch size and each of: prioritized 10-step
-replay with the NIPS torso (configs/pong_cpu.yaml; also with QR-DQN's 32 quantiles, configs/atari_cpu.yaml's
-update, and in bfloat16 with Nature DQN's target, with and without the quantiles), uniform 1-step replay
-(configs/pong.yaml) and prioritized 3-step replay with a dueling network (configs/pong_apex.yaml), the last two with
-the Nature torso, each with the network in float32 and in bfloat16, it fills a replay of Pong-shaped frames on that device and times Learner.step() (sample,
-Double DQN update, new priorities) and replay.sample() alone, with the next batch prepared on a second thread
-(learner.overlap, the default) and without, and on a GPU with the whole update captured as one CUDA graph
-(learner.cuda_graph, the default; "graph" on, where overlap does not apply) and launched op by op.
-Torch threads are the learner process's: all cores, shared out between the two threads under overlap. "CPU ms" is
-the process's CPU time per update, which on a small machine is what the collectors and the learner share.
---profile N then prints torch.profiler's table of the operators that took the most time over N updates (use
---overlap off: it sees only the thread that calls step()).
+replay with the NIPS torso (configs/pong_cpu.yaml; also with QR-DQN's 32 quantiles, configs/atari_cpu.yaml's update,
+and in bfloat16 with Nature DQN's target, with and without the quantiles), uniform 1-step replay (configs/pong.yaml)
+and prioritized 3-step replay with a dueling network (configs/pong_apex.yaml), the last two with the Nature torso,
+each with the network in float32 and in bfloat16, it fills a replay of Pong-shaped frames on that device and times
+Learner.step() (sample, Double DQN update, new priorities) and replay.sample() alone, with the next batch prepared
+on a second thread (learner.overlap, the default) and without, and on a GPU with the whole update captured as one
+CUDA graph (learner.cuda_graph, the default; "graph" on, where overlap does not apply) and launched op by op. Torch
+threads are the learner process's: all cores, shared out between the two threads under overlap. "CPU ms" is the
+process's CPU time per update, which on a small machine is what the collectors and the learner share. --profile N
+then prints torch.profiler's table of the operators that took the most time over N updates (use --overlap off: it
+sees only the thread that calls step()).
 """
 
 from __future__ import annotations
