@@ -404,8 +404,9 @@ def main() -> int:
             continue
         try:
             results[name] = read_evals(folder)
-        except PlotError as e:
+        except PlotError as e:   # it ran, but no round finished: its line in the table says so
             print(f"  {e}", flush=True)
+            results[name] = []
             if interrupted:
                 break
             continue
@@ -433,7 +434,8 @@ def main() -> int:
                   for name, game, seed, _ in plan if name in results]
         print()
         print(games_text(played, games))
-    return 130 if interrupted else 1 if failed else 0
+    measured = any(results.values())   # some run had a round of evaluation to read
+    return 130 if interrupted else 1 if failed or not measured else 0
 
 
 def _games(parser: argparse.ArgumentParser, args) -> list[str]:

@@ -92,13 +92,17 @@ def first_reaching(points: list[EvalPoint], score: float) -> EvalPoint | None:
 
 
 def table(runs: dict[str, list[EvalPoint]], scores: list[float]) -> str:
-    """One line per run: time from launch (and env steps) to each score, last and best evaluation."""
+    """One line per run: time from launch (and env steps) to each score, last and best evaluation; a run with no
+    evaluation yet has its line too."""
     head = ["run", "evals", *[f"to {s:g}" for s in scores], "last", "best"]
     rows = []
     for label, points in runs.items():
         reached = [first_reaching(points, s) for s in scores]
         cells = [f"{duration(p.seconds)} ({p.env_steps / 1e3:,.0f}k){'*' * p.screened}" if p is not None
                  else "not reached" for p in reached]
+        if not points:   # stopped before its first round finished
+            rows.append([label, "0", *cells, "none", "none"])
+            continue
         last = points[-1]
         rows.append([label, str(len(points)), *cells,
                      f"{last.mean:.1f}{'*' * last.screened} at {duration(last.seconds)}",

@@ -82,6 +82,13 @@ def test_rounds_that_stopped_at_their_screen_are_marked_in_the_table(tmp_path):
     assert not any(p.screened for p in read_evals(run))
 
 
+def test_a_run_stopped_before_its_first_round_has_a_line_in_the_table(tmp_path):
+    write_evals(tmp_path / "s1", [(50_000, 60.0, -20.0, 1.0), (100_000, 125.0, 18.2, 2.0)])
+    lines = table({"s1": read_evals(tmp_path / "s1"), "s2": []}, [18.0]).splitlines()
+    assert lines[1].split()[:2] == ["s1", "2"] and "18.2 at 2m05s" in lines[1]
+    assert lines[2].split() == ["s2", "0", "not", "reached", "none", "none"]
+
+
 def test_the_plot_command_draws_every_run_into_a_png_and_prints_their_times(tmp_path):
     write_evals(tmp_path / "s1", [(50_000, 60.0, -20.0, 1.0), (100_000, 125.0, 18.2, 2.0)])
     write_evals(tmp_path / "s2", [(50_000, 62.0, -19.0, 1.0), (100_000, 130.0, 5.0, 4.0), (150_000, 200.0, 19.5, 1.0)])
