@@ -108,6 +108,19 @@ def test_a_refused_run_is_not_resumed_and_the_next_seed_runs(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_run_with_no_evaluation_has_its_line_in_the_table_and_the_benchmark_exits_1(tmp_path):
+    """A run that ended with no round of evaluation to read: the benchmark says so, gives it its line in the table,
+    and exits 1, since it measured nothing."""
+    result = subprocess.run([*BENCHMARK, "--prefix", "blind", "--minutes", "3", "--scores", "-21",
+                             "train.total_env_steps=1500", "eval.every_env_steps=0", *ONE],
+                            cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    out = result.stdout
+    assert result.returncode == 1, out[-3000:] + result.stderr[-3000:]
+    assert f"{tmp_path / 'blind-s1'} has no evaluations with times" in out, out
+    assert out.splitlines()[-1].split() == ["blind-s1", "0", "not", "reached", "none", "none"], out
+
+
+@pytest.mark.slow
 def test_a_learner_killed_before_its_first_checkpoint_is_resumed_once_and_then_refused(tmp_path):
     """With the smoke config's checkpoint every 1,000 updates (at about 17,000 env steps), the learner killed at 1,000
     leaves no checkpoint: the resume is refused ("holds no checkpoint", exit code 2) and not tried again."""
