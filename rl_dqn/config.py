@@ -367,7 +367,7 @@ class ClusterConfig:
 class EvalConfig:
     every_env_steps: int = 0
     """env steps of the run between evaluations (episodes at eval.epsilon in a process of the learner's node that
-    feeds no replay); 0 = none"""
+    feeds no replay), and one at train.total_env_steps, scored before the run ends; 0 = none"""
     episodes: int = 10
     """episodes per evaluation: the first this many started (see eval.envs)"""
     screen_episodes: int = 0

@@ -165,6 +165,8 @@ class Learner:
             self.ended = "stop_score" if self.reached_stop_score else \
                 "total_env_steps" if intake.env_steps >= total and not intake.wants_update(trainer.updates) else \
                 "signal"
+            if self.ended == "total_env_steps" and self.evaluating:
+                self._last_evaluation()
         finally:
             self.close()
 
@@ -240,6 +242,17 @@ class Learner:
             say("learner", f"evaluation stopped, training goes on: {e}")
             self.evaluating = False
             self.close_evaluator()
+
+    def _last_evaluation(self) -> None:
+        """At the run's total: the round due there is started, and the round still playing is scored and logged
+        before the run closes, rather than dropped (a signal drops it)."""
+        self._evaluate()
+        if self.evaluator is None or not self.evaluator.busy:
+            return
+        say("learner", "reached train.total_env_steps: scoring the evaluation round still playing before the end")
+        while self.evaluating and self.evaluator is not None and self.evaluator.busy and not self.stop.is_set():
+            time.sleep(0.05)
+            self._evaluate()
 
     def _evaluated(self, result: EvalResult) -> None:
         """checkpoints/best.pt: the network that scored best in the run's evaluations so far (the weights that
