@@ -9,6 +9,7 @@ play.sh's --epsilon), report the raw score and can record env 0's first episode 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import multiprocessing
 import os
 import pickle
@@ -97,11 +98,15 @@ def load_player(checkpoint: Path) -> tuple[Config, QNetwork]:
 
 
 def evaluate(checkpoint: Path, episodes: int = 20, epsilon: float | None = None, seed: int = 12345,
-             record: Callable[[np.ndarray], None] | None = None, record_steps: int = 0) -> list[float]:
+             record: Callable[[np.ndarray], None] | None = None, record_steps: int = 0,
+             max_episode_frames: int | None = None) -> list[float]:
     """Raw scores of `episodes` episodes played by the checkpoint's network, epsilon-greedy (`None`: the run's
-    eval.epsilon), in `play`'s order; env 0's screens go to `record`, and its first episode's score is `scores[0]`."""
+    eval.epsilon), each cut at `max_episode_frames` (`None`: where the run's evaluation cuts them), in `play`'s
+    order; env 0's screens go to `record`, and its first episode's score is `scores[0]`."""
     cfg, network = load_player(checkpoint)
-    env = make_vector_env(cfg.eval_env, min(cfg.eval.envs, episodes), seed=seed, screen=record is not None)
+    env_cfg = cfg.eval_env if max_episode_frames is None else \
+        dataclasses.replace(cfg.eval_env, max_episode_frames=max_episode_frames)
+    env = make_vector_env(env_cfg, min(cfg.eval.envs, episodes), seed=seed, screen=record is not None)
     try:
         return play(env, network, episodes, cfg.eval.epsilon if epsilon is None else epsilon,
                     torch.Generator().manual_seed(seed), record, record_steps)
@@ -207,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epsilon", type=float, default=None,
                         help="chance of a random action (default: the run's eval.epsilon)")
     parser.add_argument("--seed", type=int, default=12345, help="seed of the envs and the random actions")
+    parser.add_argument("--max-episode-frames", type=int, default=None,
+                        help="cut each episode at this many frames (default: where the run's evaluation cuts them, "
+                             "eval.max_episode_frames, else env.max_episode_frames); e.g. 108000, the 30 minutes of "
+                             "play of ALE v5's own limit, to see what a shorter cut leaves out")
     parser.add_argument("--video", type=Path, default=None,
                         help=f"record the first episode of env 0 to this file ({' or '.join(FORMATS)})")
     parser.add_argument("--video-max-steps", type=int, default=None,
@@ -235,13 +244,17 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, KeyError, TypeError, ValueError, pickle.UnpicklingError, EOFError) as e:
         return _fail(f"{checkpoint} is not an rl_dqn checkpoint ({type(e).__name__}: "
                      f"{str(e).strip().splitlines()[0] if str(e).strip() else ''})")
+    if args.max_episode_frames is not None and args.max_episode_frames < cfg.env.frame_skip:
+        parser.error(f"--max-episode-frames must be >= the run's env.frame_skip ({cfg.env.frame_skip}), got "
+                     f"{args.max_episode_frames}")
     video = None
     try:
         if args.video is not None:
             video = VideoFile(args.video, fps_of(cfg.env.frame_skip))
             steps = args.video_max_steps or (3_000 if video.gif else 27_000)
         scores = evaluate(checkpoint, args.episodes, args.epsilon, args.seed,
-                          video.add if video is not None else None, steps if video is not None else 0)
+                          video.add if video is not None else None, steps if video is not None else 0,
+                          args.max_episode_frames)
         if video is not None:
             video.close()
     except (ConfigError, EnvError, VideoError) as e:
@@ -250,8 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     std = (sum((s - mean) ** 2 for s in scores) / len(scores)) ** 0.5
     epsilon = f"epsilon {args.epsilon:g}" if args.epsilon is not None else \
         f"epsilon {cfg.eval.epsilon:g}, the run's eval.epsilon"
+    frames = args.max_episode_frames or cfg.eval_env.max_episode_frames
     print(f"{checkpoint}: {len(scores)} episodes, score {mean:.2f} +- {std:.2f} "
-          f"(min {min(scores):g}, max {max(scores):g}; {epsilon})")
+          f"(min {min(scores):g}, max {max(scores):g}; {epsilon}; episodes cut at {frames:,} frames)")
     if video is not None:
         # The video is env 0's first episode (see `play`), which need not be the first to end.
         cut = (f"; the video stops after --video-max-steps ({steps:,} steps), the score is the whole episode's"

@@ -89,16 +89,42 @@ def test_play_sh_reports_the_score_of_the_episode_in_its_video_though_another_en
     checkpoint.write_bytes(b"")
     assert main([str(checkpoint), "--episodes", "3", "--video", str(tmp_path / "episode.gif")]) == 0
     out = capsys.readouterr().out
-    assert f"3 episodes, score 3.67 +- 1.70 (min 2, max 6; epsilon {cfg.eval.epsilon:g}, the run's eval.epsilon)" in out
+    assert (f"3 episodes, score 3.67 +- 1.70 (min 2, max 6; epsilon {cfg.eval.epsilon:g}, the run's eval.epsilon; "
+            f"episodes cut at {cfg.eval_env.max_episode_frames:,} frames)") in out
     assert f"video of env 0's first episode, which scored 6 (7 frames): {tmp_path / 'episode.gif'}" in out
     assert (tmp_path / "episode.gif").stat().st_size > 0
     # Cut by --video-max-steps, the video holds its first steps and the score is still the whole episode's.
     assert main([str(checkpoint), "--episodes", "3", "--epsilon", "0", "--video", str(tmp_path / "cut.gif"),
                  "--video-max-steps", "4"]) == 0
     out = capsys.readouterr().out
-    assert "(min 2, max 6; epsilon 0)" in out
+    assert "(min 2, max 6; epsilon 0; episodes cut at" in out
     assert ("which scored 6 (5 frames; the video stops after --video-max-steps (4 steps), the score is the whole "
             "episode's)") in out
+
+
+def test_play_cuts_episodes_where_it_is_told_or_where_the_run_evaluates(tmp_path, monkeypatch, capsys):
+    cfg = load_config(ROOT / "configs/atari_cpu.yaml", ["eval.envs=2"])
+    network = QNetwork((1, 2), 2, mlp_hidden=(4,)).for_acting()
+    cuts = []
+
+    def make_vector_env(env_cfg, num_envs, seed, screen=False):
+        cuts.append(env_cfg.max_episode_frames)
+        assert env_cfg.sticky_action_prob == cfg.eval_env.sticky_action_prob   # the rest is evaluation's
+        return ScriptedEpisodes([[3, 1], [2, 1]])
+    monkeypatch.setattr(rl_dqn.evaluate, "load_player", lambda checkpoint: (cfg, network))
+    monkeypatch.setattr(rl_dqn.evaluate, "make_vector_env", make_vector_env)
+    checkpoint = tmp_path / "checkpoint.pt"
+    checkpoint.write_bytes(b"")
+    assert main([str(checkpoint), "--episodes", "2"]) == 0
+    assert main([str(checkpoint), "--episodes", "2", "--max-episode-frames", "108000"]) == 0
+    assert cuts == [cfg.eval.max_episode_frames, 108_000] and cfg.eval.max_episode_frames == 18_000
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("episodes cut at 18,000 frames)") and out[1].endswith("episodes cut at 108,000 frames)")
+    with pytest.raises(SystemExit) as exited:
+        main([str(checkpoint), "--max-episode-frames", "3"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == \
+        "./launch/play.sh: error: --max-episode-frames must be >= the run's env.frame_skip (4), got 3"
 
 
 @pytest.mark.parametrize("args, error", [
