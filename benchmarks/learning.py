@@ -70,7 +70,7 @@ sys.path.insert(0, str(ROOT))
 
 from rl_dqn.console import LAUNCHED_AT_ENV, duration  # noqa: E402
 from rl_dqn.plot import EvalPoint, PlotError, first_reaching, load_events, read_evals, score_list, table  # noqa: E402
-from rl_dqn.results import RESULTS, GameRun, ResultsError, games_text, record  # noqa: E402
+from rl_dqn.results import RESULTS, GameRun, ResultsError, games_text, return_at_epsilon, record  # noqa: E402
 from rl_dqn.supervisor import EXIT_BAD_INPUT  # noqa: E402
 
 POLL_S = 10.0
@@ -430,7 +430,7 @@ def main() -> int:
     print()
     print(table(results, args.scores))
     if games:
-        played = [GameRun(game, seed, results[name], _env_steps(runs_dir() / name))
+        played = [GameRun(game, seed, results[name], *_summary_figures(runs_dir() / name))
                   for name, game, seed, _ in plan if name in results]
         print()
         print(games_text(played, games))
@@ -457,11 +457,14 @@ def _games(parser: argparse.ArgumentParser, args) -> list[str]:
     return games
 
 
-def _env_steps(run_dir: Path) -> int | None:
+def _summary_figures(run_dir: Path) -> tuple[int | None, float | None]:
+    """A run's env steps at its end and the mean score of its training episodes at metrics.return_epsilon then
+    (None for what its summary.json does not say)."""
     try:
-        return json.loads((run_dir / "summary.json").read_text())["env_steps"]
-    except (OSError, ValueError, KeyError):
-        return None
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None, None
+    return summary.get("env_steps"), return_at_epsilon(summary)
 
 
 def _kill_at(parser: argparse.ArgumentParser, args, role: str) -> Kill | None:

@@ -33,6 +33,9 @@ class ChunkBuilder:
         self._lengths = torch.zeros(num_envs, dtype=torch.int64)
         self._ended_returns: list[torch.Tensor] = []
         self._ended_lengths: list[torch.Tensor] = []
+        self._ended_epsilons: list[torch.Tensor] = []
+        self._episode_epsilons = torch.zeros(num_envs, dtype=torch.float32)   # the highest of each episode so far
+        self._epsilons_given = True   # by every step of the chunk
         self._allocate()
 
     def _allocate(self) -> None:
@@ -50,9 +53,11 @@ class ChunkBuilder:
         return self.t == self.steps
 
     def add(self, obs: torch.Tensor, obs_first: torch.Tensor, actions: torch.Tensor, result: StepResult,
-            q_values: torch.Tensor | None = None) -> None:
+            q_values: torch.Tensor | None = None, epsilons: torch.Tensor | None = None) -> None:
         """Records one vector step: the observation acted on (its newest frame), the action, the outcome and,
-        when given, the Q-values it was chosen from (the learner derives Ape-X priorities from them)."""
+        when given, the Q-values it was chosen from (the learner derives Ape-X priorities from them) and each env's
+        epsilon (`[E]` on the CPU: the chunk gives the highest each episode that ended in it was played at, where
+        every step of the chunk gave them)."""
         t = self.t
         self.frames[t] = obs[:, -1]
         self.first[t] = obs_first
@@ -66,20 +71,29 @@ class ChunkBuilder:
         # Raw game score per episode; the env's reset step (result.first) is not an agent step.
         self._returns += result.raw_reward
         self._lengths += (~result.first).long()
+        if epsilons is None:
+            self._epsilons_given = False
+        else:
+            torch.maximum(self._episode_epsilons, epsilons, out=self._episode_epsilons)
         ended = result.episode_end
         if ended.any():
             self._ended_returns.append(self._returns[ended].clone())
             self._ended_lengths.append(self._lengths[ended].clone())
+            self._ended_epsilons.append(self._episode_epsilons[ended].clone())
+            self._episode_epsilons[ended] = 0.0
             self._returns[ended] = 0.0
             self._lengths[ended] = 0
 
     def take(self, collector: int, seq: int, weights_version: int, system: tuple[float, ...] = ()) -> Chunk:
         returns = torch.cat(self._ended_returns) if self._ended_returns else torch.zeros(0, dtype=torch.float64)
         lengths = torch.cat(self._ended_lengths) if self._ended_lengths else torch.zeros(0, dtype=torch.int64)
+        epsilons = None if not self._epsilons_given else \
+            torch.cat(self._ended_epsilons) if self._ended_epsilons else torch.zeros(0, dtype=torch.float32)
         chunk = Chunk(collector, seq, weights_version, self.frames, self.actions, self.rewards.to(self.device),
                       self.terminated.to(self.device), self.first.to(self.device), returns, lengths,
-                      self.q_taken, self.q_max, system=system)
-        self._ended_returns, self._ended_lengths = [], []
+                      self.q_taken, self.q_max, system=system, episode_epsilons=epsilons)
+        self._ended_returns, self._ended_lengths, self._ended_epsilons = [], [], []
+        self._epsilons_given = True
         self.t = 0
         self._allocate()
         return chunk
@@ -196,6 +210,7 @@ class Collector:
         # A process that joins a run under way (a restart, a resumed learner) starts the schedule where the run is.
         self.run_env_steps = self.transport.env_steps_at_join
         self.epsilons = self._epsilons(self.run_env_steps)
+        self._epsilons_cpu = self.epsilons.cpu()   # what the chunks say episodes were played at
         precision, warning = describe_precision(cfg.network.precision, device)
         if warning is not None:
             say(self.name, f"warning: {warning}")
@@ -218,7 +233,7 @@ class Collector:
             q_values = self.net(self.obs)
             actions = dqn.select_actions(q_values, self.epsilons, self.generator)
         result = self.env.step(actions.cpu())   # the env runs on the CPU: one small copy per step on a GPU
-        self.builder.add(self.obs, self.obs_first, actions, result, q_values)
+        self.builder.add(self.obs, self.obs_first, actions, result, q_values, self._epsilons_cpu)
         self.obs, self.obs_first = result.obs.to(self.policy_device), result.first
         if not self.builder.full:
             return None
@@ -229,6 +244,7 @@ class Collector:
             self.run_env_steps = ack.env_steps
             if self.cfg.collectors.exploration != "apex":
                 self.epsilons = self._epsilons(self.run_env_steps)
+                self._epsilons_cpu = self.epsilons.cpu()
         if (now := time.monotonic()) - self._last_report >= self.cfg.metrics.interval_s:
             self._progress(now)
         return chunk

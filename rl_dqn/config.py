@@ -439,11 +439,23 @@ class MetricsConfig:
     """seconds between console lines, rate scalars and system figures in TensorBoard"""
     histogram_every_updates: int = 10_000
     """updates between histograms of a batch's Q-values and TD errors in TensorBoard; 0 = none"""
+    return_epsilon: float | None = 0.01
+    """the training episodes played at this epsilon (within 1% of it) are also scored on their own: as
+    collector/episode_return_at_epsilon in TensorBoard, and in summary.json's returns_at_epsilon their mean over the
+    last metrics.return_epsilon_env_steps. Dopamine's baselines report the returns of training episodes played at
+    0.01, so with collectors.apex_floor 0.01 (or a linear decay to 0.01) that mean reads like their figures: whole
+    episodes at their epsilon, where an evaluation plays its own cut and epsilon. null: not kept apart"""
+    return_epsilon_env_steps: int = 250_000
+    """the env steps over which summary.json averages those episodes (250k: one iteration of Dopamine's curves)"""
 
     def __post_init__(self):
         require(self.interval_s > 0, "metrics.interval_s", f"must be > 0, got {self.interval_s}")
         require(self.histogram_every_updates >= 0, "metrics.histogram_every_updates",
                  f"must be >= 0, got {self.histogram_every_updates}")
+        require(self.return_epsilon is None or 0.0 <= self.return_epsilon <= 1.0, "metrics.return_epsilon",
+                 f"must be null or in [0, 1], got {self.return_epsilon}")
+        require(self.return_epsilon_env_steps >= 1, "metrics.return_epsilon_env_steps",
+                 f"must be >= 1, got {self.return_epsilon_env_steps}")
 
 
 @dataclass(frozen=True)

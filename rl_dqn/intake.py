@@ -81,6 +81,10 @@ class Intake:
                 return f"{field} has shape {tuple(value.shape)}, not {shape}"
         if chunk.episode_returns.dim() != 1 or chunk.episode_lengths.shape != chunk.episode_returns.shape:
             return "episode_returns and episode_lengths are not two lists of the same length"
+        epsilons = chunk.episode_epsilons
+        if epsilons is not None and not (isinstance(epsilons, torch.Tensor) and epsilons.dtype == torch.float32
+                                         and epsilons.shape == chunk.episode_returns.shape):
+            return "episode_epsilons is not None or a float32 list as long as episode_returns"
         if not (isinstance(chunk.seq, int) and chunk.seq >= 0 and isinstance(chunk.weights_version, int)):
             return "seq or weights_version is not a count"
         if not (isinstance(chunk.system, tuple) and len(chunk.system) in (0, 3) and
@@ -91,10 +95,13 @@ class Intake:
             return "a chunk sent twice"
         bad = torch.stack([(chunk.actions < 0).any(), (chunk.actions >= spec.num_actions).any(),
                            ~torch.isfinite(chunk.rewards).all(),
-                           ~torch.isfinite(chunk.episode_returns).all().to(chunk.rewards.device)]).tolist()
+                           ~torch.isfinite(chunk.episode_returns).all().to(chunk.rewards.device),
+                           *(() if epsilons is None else
+                             (~((epsilons >= 0) & (epsilons <= 1)).all().to(chunk.rewards.device),))]).tolist()
         for flagged, cause in zip(bad, (f"action out of range 0..{spec.num_actions - 1}",
                                         f"action out of range 0..{spec.num_actions - 1}",
-                                        "non-finite reward", "non-finite episode return")):
+                                        "non-finite reward", "non-finite episode return",
+                                        "episode epsilon outside 0..1")):
             if flagged:
                 return cause
         return None

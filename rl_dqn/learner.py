@@ -177,7 +177,8 @@ class Learner:
             env_steps += c.env_steps
             self.report.chunk(ChunkArrived(c.collector, c.sender, c.env_steps, c.nbytes, str(c.frames.device),
                                            c.weights_version, c.episode_returns.tolist(), c.episode_lengths.tolist(),
-                                           c.system), env_steps, self.weights_version)
+                                           c.system, None if c.episode_epsilons is None else
+                                           c.episode_epsilons.tolist()), env_steps, self.weights_version)
 
     def step(self) -> Update:
         """One update, timed and reported."""

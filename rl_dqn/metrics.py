@@ -18,7 +18,8 @@ HPARAM_METRICS = ("eval/episode_return", "eval/best_episode_return", "collector/
 # The Custom Scalars tab: charts side by side (tags are regular expressions).
 LAYOUT = {
     "score": {
-        "score vs env steps": ["Multiline", [r"eval/episode_return$", r"collector/episode_return$"]],
+        "score vs env steps": ["Multiline", [r"eval/episode_return$", r"collector/episode_return$",
+                                             r"collector/episode_return_at_epsilon$"]],
         "score vs wall time (s)": ["Multiline", [r"eval/episode_return_vs_seconds$"]],
     },
     "speed": {

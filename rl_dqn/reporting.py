@@ -41,6 +41,7 @@ class ChunkArrived(NamedTuple):
     episode_returns: list[float]     # raw scores of the episodes that ended in it
     episode_lengths: list[int]
     system: tuple[float, ...]        # its collector's newest (CPU %, memory MB, GPU memory MB), or ()
+    episode_epsilons: list[float] | None = None   # the epsilon each episode was played at, where the chunk says
 
 
 class _CollectorStats:
@@ -67,6 +68,10 @@ class Report:
         self.best_eval: float | None = None
         self.last_eval: tuple[float, float, int] | None = None   # mean, std, env steps
         self._returns = collections.deque(maxlen=20)
+        # (env steps, score) of the training episodes played at metrics.return_epsilon, over the latest
+        # metrics.return_epsilon_env_steps
+        self._returns_at_epsilon: collections.deque[tuple[int, float]] = collections.deque()
+        self._resumed_env_steps = 0   # where this process took the run over from a checkpoint
         self._collectors = [_CollectorStats() for _ in range(cfg.num_collectors)]
         self._sender = [-1] * cfg.num_collectors     # the process whose chunks each slot's last chunk came from
         self._env_meter, self._update_meter, self._byte_meter = RateMeter(), RateMeter(), RateMeter()
@@ -99,6 +104,7 @@ class Report:
     def resume_at(self, env_steps: int, elapsed_s: float, best_eval: float | None) -> None:
         self.started -= elapsed_s
         self._resumed_at_s = elapsed_s
+        self._resumed_env_steps = env_steps
         self.best_eval = best_eval
         self.board.resume_at(env_steps)
 
@@ -129,6 +135,16 @@ class Report:
             self._returns.append(score)
             self.board.scalar("collector/episode_return", score, env_steps)
             self.board.scalar("collector/episode_length", length, env_steps)
+        m = self.cfg.metrics
+        if m.return_epsilon is not None and chunk.episode_epsilons is not None:
+            # Within 1%: epsilons come as float32, and a schedule's end may not be hit exactly.
+            for score, epsilon in zip(chunk.episode_returns, chunk.episode_epsilons):
+                if abs(epsilon - m.return_epsilon) <= 0.01 * m.return_epsilon:
+                    self._returns_at_epsilon.append((env_steps, score))
+                    self.board.scalar("collector/episode_return_at_epsilon", score, env_steps)
+            while self._returns_at_epsilon and \
+                    self._returns_at_epsilon[0][0] <= env_steps - m.return_epsilon_env_steps:
+                self._returns_at_epsilon.popleft()
 
     def refused(self, collector, cause: str) -> None:
         say("learner", f"refused a chunk from collector {collector}: {cause} (counted in transport/rejected_chunks; "
@@ -269,6 +285,9 @@ class Report:
         elif self._returns:
             lines.append(f"no evaluation ran; training episodes scored {sum(self._returns) / len(self._returns):.2f}"
                          f" (last {len(self._returns)})")
+        if (at := self.returns_at_epsilon(counters.env_steps)) is not None and at["episodes"]:
+            lines.append(f"training episodes at epsilon {at['epsilon']:g} scored {at['mean']:.2f} from "
+                         f"{at['from_env_steps']:,} env steps on ({at['episodes']} episodes)")
         lines.append(f"run folder {self.run_dir}: config.yaml, summary.json, TensorBoard events "
                      f"(tensorboard --logdir {self.run_dir.parent})")
         if found := checkpoints.all_of(self.run_dir):
@@ -278,6 +297,19 @@ class Report:
             lines.append(f"best evaluated network {best} (score {self.best_eval:.2f}; ./launch/play.sh "
                          f"{self.run_dir} --best)")
         return lines
+
+    def returns_at_epsilon(self, env_steps: int) -> dict | None:
+        """The mean score of the training episodes played at metrics.return_epsilon that ended within the last
+        metrics.return_epsilon_env_steps of `env_steps` (None for the mean when there were none), or None where
+        metrics.return_epsilon is null. `from_env_steps` is where the window starts: no earlier than this
+        process's resumption, since a checkpoint does not keep the episodes."""
+        m = self.cfg.metrics
+        if m.return_epsilon is None:
+            return None
+        start = max(env_steps - m.return_epsilon_env_steps, self._resumed_env_steps, 0)
+        scores = [score for at, score in self._returns_at_epsilon if at > start]
+        return {"epsilon": m.return_epsilon, "env_steps": m.return_epsilon_env_steps, "from_env_steps": start,
+                "episodes": len(scores), "mean": sum(scores) / len(scores) if scores else None}
 
     def write_summary(self, counters: Counters, ended: str | None) -> None:
         """runs/<name>/summary.json: what the run did, for people and scripts (benchmarks, tests). Its rates end
@@ -292,6 +324,7 @@ class Report:
             "weights_version": counters.weights_version, "wall_s": now - self.started,
             "replay_size": counters.replay_size, "env_steps_per_s": None, "env_steps_per_s_training": None,
             "recent_returns": list(self._returns), "best_eval_return": self.best_eval,
+            "returns_at_epsilon": self.returns_at_epsilon(counters.env_steps),
             "collectors": {name: vars(s) for name, s in zip(self.collector_names, self._collectors)},
             "lost_collectors": dict(counters.lost),
             "rejected_chunks": dict(counters.rejected), "dropped_chunks": counters.dropped_chunks,

@@ -62,6 +62,7 @@ class GameRun(NamedTuple):
     seed: int
     points: list[EvalPoint]    # its evaluation curve
     env_steps: int | None      # the run's env steps at its end (summary.json)
+    at_epsilon: float | None = None   # its training episodes' mean score at metrics.return_epsilon (summary.json)
 
 
 # ------------------------------------------------------------------------------------------------ recording
@@ -267,9 +268,15 @@ def _stale_figures(figures: dict, figures_dir: Path) -> list[Path]:
 
 
 def game_run(record_dir: Path) -> GameRun:
-    config = _config(record_dir)
+    config, summary = _config(record_dir), _json(record_dir / "summary.json")
     return GameRun(game_of(config["env"]["id"]), int(config["run"]["seed"]), curve(record_dir),
-                   _json(record_dir / "summary.json").get("env_steps"))
+                   summary.get("env_steps"), return_at_epsilon(summary))
+
+
+def return_at_epsilon(summary: dict) -> float | None:
+    """A run's summary.json's mean score of its training episodes at metrics.return_epsilon over its last
+    metrics.return_epsilon_env_steps; None for a run that has none (or predates them)."""
+    return (summary.get("returns_at_epsilon") or {}).get("mean")
 
 
 def _game_order(runs, games: list[str]) -> list[str]:
@@ -292,7 +299,8 @@ def _steps(env_steps: int | None) -> str:
 
 GAMES_HEAD = ["game", "last evaluation (each seed)", "mean", "best (each seed)", "env steps (each seed)", "random",
               "random here", "human", "Dopamine DQN", "Dopamine Rainbow", "human-normalised", "at or above Rainbow",
-              "Rainbow at the same env steps (each seed)", "seeds at or above it"]
+              "Rainbow at the same env steps (each seed)", "seeds at or above it",
+              "training episodes at metrics.return_epsilon, mean at the end (each seed)"]
 # A benchmark's random.csv (benchmarks/random_scores.py --csv): the random policy's scores, played as its runs evaluate.
 RANDOM_CSV = "random.csv"
 RANDOM_COLUMNS = ("game", "config", "episodes", "mean", "std", "min", "max")
@@ -354,7 +362,9 @@ def games_rows(runs: list[GameRun], games: list[str], link=None,
             f"{ref.human_normalized(game, mean):.1f}%" if known else "-",
             "-" if rainbow is None else "yes" if mean >= rainbow else "no",
             "-" if rainbow is None else " / ".join(_score(value) for value in alongside),
-            "-" if rainbow is None else f"{level_or_above} of {len(of_game)}"])
+            "-" if rainbow is None else f"{level_or_above} of {len(of_game)}",
+            "-" if all(r.at_epsilon is None for r in of_game) else
+            " / ".join(_score(r.at_epsilon) for r in of_game)])
     return rows, _atari5_line(runs, means)
 
 
@@ -376,7 +386,13 @@ def _atari5_line(runs: list[GameRun], means: dict[str, float]) -> str:
 def games_text(runs: list[GameRun], games: list[str]) -> str:
     """The table over games as aligned text, for a console."""
     rows, atari5 = games_rows(runs, games)
-    return "\n".join([*aligned([GAMES_HEAD, *rows]), atari5])
+    return "\n".join([*aligned(_shown([GAMES_HEAD, *rows])), atari5])
+
+
+def _shown(table: list[list[str]]) -> list[list[str]]:
+    """The table over games (its head first) without the last column, the training episodes at metrics.return_epsilon,
+    where no run has them (the runs before summary.json kept them)."""
+    return table if any(row[-1] != "-" for row in table[1:]) else [row[:-1] for row in table]
 
 
 def games_markdown(played: dict[Path, GameRun], games: list[str], results: Path,
@@ -388,7 +404,8 @@ def games_markdown(played: dict[Path, GameRun], games: list[str], results: Path,
     def link(run: GameRun, text: str) -> str:
         return f"[{text}](../{folders[id(run)].relative_to(results.parent).as_posix()}/)"
     rows, atari5 = games_rows(list(played.values()), games, link, random)
-    return ["| " + " | ".join(GAMES_HEAD) + " |", "|" + "-|" * len(GAMES_HEAD),
+    head, *rows = _shown([GAMES_HEAD, *rows])
+    return ["| " + " | ".join(head) + " |", "|" + "-|" * len(head),
             *["| " + " | ".join(row) + " |" for row in rows], "", atari5]
 
 

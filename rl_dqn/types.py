@@ -46,6 +46,9 @@ class Chunk(NamedTuple):
     system: tuple[float, ...] = ()
     """the sending process's (CPU percent, resident memory MB, GPU memory MB) over its latest metrics interval,
     for TensorBoard; GPU memory is 0 for a collector that acts on the CPU; empty before its first sample"""
+    episode_epsilons: torch.Tensor | None = None
+    """[K] float32 the epsilon each of the K episodes was played at (the highest its env acted at in it), in the
+    order of episode_returns; None where the sender does not say"""
 
     @property
     def env_steps(self) -> int:

@@ -41,7 +41,8 @@ def make_chunk(collector: int, seq: int, kind: str = "cpu") -> Chunk:
                  torch.zeros(T, E, dtype=torch.int64, device=d), torch.ones(T, E, device=d),
                  torch.zeros(T, E, dtype=torch.bool, device=d), torch.zeros(T, E, dtype=torch.bool, device=d),
                  torch.tensor([float(value)], dtype=torch.float64), torch.tensor([7]),
-                 torch.full((T, E), value / 2, device=d), torch.full((T, E), float(value), device=d))
+                 torch.full((T, E), value / 2, device=d), torch.full((T, E), float(value), device=d),
+                 episode_epsilons=torch.tensor([0.01]))
 
 
 def weights(version: int, kind: str = "cpu") -> Weights:
@@ -309,6 +310,7 @@ def bad_sender(port: int, events, sender_done) -> None:
         "wrong dtype": good._replace(seq=1, frames=torch.zeros(T, E, 4, dtype=torch.float64)),
         "action out of range": good._replace(seq=1, actions=torch.full((T, E), 2)),
         "nan reward": good._replace(seq=1, rewards=torch.full((T, E), float("nan"))),
+        "episode epsilon above 1": good._replace(seq=1, episode_epsilons=torch.tensor([2.0])),
         "not a chunk": "rm -rf /",
     }
     try:

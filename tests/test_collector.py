@@ -10,7 +10,8 @@ import torch
 
 from envs import describe_env
 from rl_dqn import dqn
-from rl_dqn.collector import Collector
+from envs.vector import EnvSpec, StepResult
+from rl_dqn.collector import ChunkBuilder, Collector
 from rl_dqn.config import load_config
 from rl_dqn.intake import Intake
 from rl_dqn.network import QNetwork
@@ -171,3 +172,38 @@ def test_a_collector_that_gets_no_weights_leaves_without_stepping():
     endpoint.new_weights = None
     Collector(cfg, index=0, transport=endpoint).run()
     assert endpoint.sent == []
+
+
+def test_a_chunk_says_at_which_epsilon_each_of_its_episodes_was_played():
+    """Each episode that ended in a chunk comes with its score, its length and the highest epsilon its env acted at
+    in it, in the same order; a chunk with a step that gave no epsilons gives none."""
+    spec = EnvSpec((1, 2), torch.float32, 2)
+    E = 3
+
+    def step(ended: list[bool], reward: float) -> StepResult:
+        flags = torch.tensor(ended)
+        return StepResult(torch.zeros(E, 1, 2), torch.full((E,), reward), torch.full((E,), reward), flags,
+                          torch.zeros(E, dtype=torch.bool), flags, torch.zeros(E, dtype=torch.bool))
+    builder = ChunkBuilder(4, E, spec)
+    obs, first, actions = torch.zeros(E, 1, 2), torch.zeros(E, dtype=torch.bool), torch.zeros(E, dtype=torch.long)
+    epsilons = torch.tensor([0.4, 0.1, 0.01])
+    builder.add(obs, first, actions, step([False, False, False], 1.0), epsilons=epsilons)
+    builder.add(obs, first, actions, step([False, True, False], 2.0), epsilons=epsilons)
+    builder.add(obs, first, actions, step([True, False, True], 3.0), epsilons=torch.tensor([0.5, 0.1, 0.005]))
+    builder.add(obs, first, actions, step([False, False, False], 4.0), epsilons=epsilons)
+    chunk = builder.take(0, 0, 0)
+    assert chunk.episode_returns.tolist() == [3.0, 6.0, 6.0] and chunk.episode_lengths.tolist() == [2, 3, 3]
+    assert chunk.episode_epsilons.dtype == torch.float32
+    assert torch.equal(chunk.episode_epsilons, torch.tensor([0.1, 0.5, 0.01]))
+    # Env 1's second episode began in the first chunk at 0.1 and ends here at 0.05.
+    builder.add(obs, first, actions, step([False, True, False], 1.0), epsilons=torch.tensor([0.4, 0.05, 0.01]))
+    for _ in range(3):
+        builder.add(obs, first, actions, step([False, False, False], 1.0), epsilons=epsilons)
+    assert torch.equal(builder.take(0, 1, 0).episode_epsilons, torch.tensor([0.1]))
+    builder.add(obs, first, actions, step([True, False, False], 1.0))
+    for _ in range(3):
+        builder.add(obs, first, actions, step([False, False, False], 1.0), epsilons=epsilons)
+    assert builder.take(0, 2, 0).episode_epsilons is None
+    for _ in range(4):
+        builder.add(obs, first, actions, step([False, False, False], 1.0), epsilons=epsilons)
+    assert builder.take(0, 3, 0).episode_epsilons.shape == (0,)   # no episode ended: none to say

@@ -86,3 +86,19 @@ def test_admit_says_what_became_of_each_delivery_and_counts_each_refusal(tmp_pat
     assert intake.rejected == {"non-finite reward": 2, "unknown sender": 1, "not a chunk (str)": 1,
                                "a chunk sent twice": 1, "from a collector process that was replaced": 1}
     assert intake.env_steps == 120
+
+
+def test_a_chunks_episode_epsilons_must_be_one_per_episode_and_within_0_and_1(tmp_path):
+    """A chunk may say at which epsilon each of its episodes was played (None: it does not); one that says so in
+    the wrong form is refused with the cause, and enters nothing."""
+    intake = make_learner(tmp_path).intake
+    good = chain_chunk(0, seq=0, episodes=10)          # 20 episodes ended in it
+    assert intake.admit(good._replace(episode_epsilons=torch.full((20,), 0.01)), Standing.NEWEST).refused is None
+    wrong_form = "episode_epsilons is not None or a float32 list as long as episode_returns"
+    for bad in (torch.full((19,), 0.01), torch.full((20,), 0.01, dtype=torch.float64), [0.01] * 20):
+        assert intake.admit(chain_chunk(1, seq=0, episodes=10)._replace(episode_epsilons=bad),
+                            Standing.NEWEST).refused == wrong_form
+    for value in (-0.1, 1.5, float("nan")):
+        assert intake.admit(chain_chunk(1, seq=0, episodes=10)._replace(episode_epsilons=torch.full((20,), value)),
+                            Standing.NEWEST).refused == "episode epsilon outside 0..1"
+    assert intake.env_steps == 60

@@ -68,6 +68,38 @@ def test_an_evaluation_round_is_logged_on_the_runs_clock_and_the_best_kept(tmp_p
     report.close()
 
 
+def test_training_episodes_at_the_return_epsilon_are_averaged_over_the_latest_env_steps(tmp_path):
+    """summary.json's returns_at_epsilon: the episodes played at metrics.return_epsilon (a float32 0.01 among them)
+    that ended within metrics.return_epsilon_env_steps of the run's end, and since a resumption; episodes at other
+    epsilons, and chunks that do not say, count only among all returns."""
+    report = make_report(tmp_path, "metrics.return_epsilon=0.01", "metrics.return_epsilon_env_steps=100")
+    f32 = torch.tensor(0.01, dtype=torch.float32).item()
+    report.chunk(arrived(0, 5, 0, (1.0, 2.0))._replace(episode_epsilons=[f32, 0.0105]), 60, weights_version=0)
+    report.chunk(arrived(0, 5, 1, (10.0, 20.0, 40.0))._replace(episode_epsilons=[0.4, f32, 0.005]), 120,
+                 weights_version=1)
+    report.chunk(arrived(1, 7, 1, (30.0,)), 180, weights_version=1)    # no epsilons: not among them
+    assert report.returns_at_epsilon(120) == {"epsilon": 0.01, "env_steps": 100, "from_env_steps": 20,
+                                              "episodes": 2, "mean": (1.0 + 20.0) / 2}
+    assert report.returns_at_epsilon(180)["episodes"] == 1        # the one at 60 env steps is 120 behind
+    assert report.returns_at_epsilon(300) == {"epsilon": 0.01, "env_steps": 100, "from_env_steps": 200,
+                                              "episodes": 0, "mean": None}
+    report.write_summary(counters(180, 0), "total_env_steps")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["returns_at_epsilon"]["mean"] == 20.0
+    assert summary["recent_returns"] == [1.0, 2.0, 10.0, 20.0, 40.0, 30.0]
+    assert "training episodes at epsilon 0.01 scored 20.00 from 80 env steps on (1 episodes)" in \
+        report.closing_lines("done", counters(180, 0))
+    report.close()
+    resumed = make_report(tmp_path / "resumed", "metrics.return_epsilon_env_steps=100")
+    resumed.resume_at(1_000, 50.0, None)
+    assert resumed.returns_at_epsilon(1_050)["from_env_steps"] == 1_000   # not before its own episodes
+    resumed.close()
+    off = make_report(tmp_path / "off", "metrics.return_epsilon=null")
+    off.chunk(arrived(0, 5, 0, (1.0,))._replace(episode_epsilons=[0.0]), 60, weights_version=0)
+    assert off.returns_at_epsilon(60) is None
+    off.close()
+
+
 @pytest.mark.parametrize("what, detail, line", [
     ("joined", "process 2 of its slot", "[learner] collector1 joined (process 2 of its slot)"),
     ("left", "", "[learner] collector1 left"),

@@ -133,6 +133,7 @@ def test_a_benchmark_over_games_has_a_row_per_game_beside_the_reference_scores_a
     assert qbert[10] == f"{hns:.1f}%" and qbert[11] == ("yes" if 4000 >= ref.DOPAMINE_RAINBOW["Qbert"] else "no")
     # Both seeds' last rounds came at 200k env steps: Rainbow's first iteration (its first 250k env steps) there.
     first = f"{ref.DOPAMINE_RAINBOW_CURVE['Qbert'][0]:,.0f}"
+    # The records' summaries predate the training episodes at an epsilon: the page leaves their column out.
     assert qbert[12:] == [f"{first} / {first}", "2 of 2"]
     assert rows["Pong"][6] == "-"   # random.csv has no row for it
     assert rows["Pong"][10] == f"{100 * (15.2 - ref.RANDOM['Pong']) / (ref.HUMAN['Pong'] - ref.RANDOM['Pong']):.1f}%"
@@ -209,6 +210,22 @@ def test_the_atari5_estimate_comes_from_each_seed_that_ran_all_five_games_and_fr
              (3 if game == "Qbert" else 2) for game in human}
     assert line == (f"Atari-5 estimate of the median human-normalised score over 57 games: "
                     f"{ref.atari5_median(means):.1f}% from the means (seed 1 {at_human:.1f}%, seed 2 0.0%)")
+
+
+def test_the_table_over_games_gives_each_seeds_training_return_at_its_epsilon_where_its_summary_has_one():
+    point = [results.EvalPoint(100, 1.0, 5.0, 0.0)]
+    runs = [results.GameRun("Pong", 1, point, 100, 12.5), results.GameRun("Pong", 2, point, 100),
+            results.GameRun("Qbert", 1, point, 100)]
+    rows, _ = results.games_rows(runs, ["Pong", "Qbert"])
+    head = "training episodes at metrics.return_epsilon, mean at the end (each seed)"
+    column = results.GAMES_HEAD.index(head)
+    assert [row[column] for row in rows] == ["12.5 / -", "-"]
+    assert head in results.games_text(runs, ["Pong", "Qbert"])                   # shown: one run has it
+    assert head not in results.games_text(runs[1:], ["Pong", "Qbert"])            # none has it: left out
+    summary = {"returns_at_epsilon": {"epsilon": 0.01, "env_steps": 250000, "from_env_steps": 0, "episodes": 3,
+                                      "mean": 12.5}}
+    assert results.return_at_epsilon(summary) == 12.5
+    assert results.return_at_epsilon({"returns_at_epsilon": None}) is None is results.return_at_epsilon({})
 
 
 def test_the_repositorys_results_page_is_the_one_its_records_give():

@@ -49,6 +49,12 @@ def test_smoke_run_end_to_end(smoke):
     for tag in TAGS:
         assert values.get(tag), f"TensorBoard tag {tag} holds no value"
     assert all(-21 <= r <= 21 for r in values["collector/episode_return"])   # raw Pong scores
+    # The episodes of the env that acts at metrics.return_epsilon (0.4, Ape-X's first of eight) also on their own,
+    # their epsilons having come over RPC with the chunks; all within the summary's window of 250k env steps.
+    at = values["collector/episode_return_at_epsilon"]
+    assert at and all(at.count(r) <= values["collector/episode_return"].count(r) for r in at)
+    assert summary["returns_at_epsilon"] == {"epsilon": 0.4, "env_steps": 250_000, "from_env_steps": 0,
+                                             "episodes": len(at), "mean": pytest.approx(sum(at) / len(at))}
     # Evaluation every 1,000 env steps in its own process: raw scores of whole (time-limited) episodes.
     assert values.get("eval/episode_return") and values.get("eval/episode_return_vs_seconds")
     assert all(-21 <= r <= 21 for r in values["eval/episode_return"])

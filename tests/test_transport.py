@@ -182,6 +182,7 @@ def test_bad_chunks_are_refused_counted_and_replay_stays_intact(tmp_path, monkey
         "frames has dtype torch.float64, not torch.float32": 1,
         "action out of range 0..1": 1,
         "non-finite reward": 1,
+        "episode epsilon outside 0..1": 1,
         "not a chunk (str)": 1,
         "unknown sender": 1,
     }, rejected
