@@ -47,6 +47,8 @@ SETUPS = {
     "NIPS, 32 quantiles, PER, 10-step, bf16": ("pong_cpu.yaml", ["network.precision=bf16", "network.quantiles=32"]),
     "NIPS, 32 quantiles, PER, 10-step, bf16, Nature target": ("pong_cpu.yaml", [
         "network.precision=bf16", "network.quantiles=32", "train.double=false"]),
+    "NIPS, 32 quantiles, PER, 10-step, bf16, Munchausen target": ("pong_cpu.yaml", [
+        "network.precision=bf16", "network.quantiles=32", "train.double=false", "train.munchausen_alpha=0.9"]),
     "uniform, 1-step, fp32": ("pong.yaml", ["network.precision=fp32"]),
     "uniform, 1-step, bf16": ("pong.yaml", ["network.precision=bf16"]),
     "PER, 3-step, dueling, fp32": ("pong_apex.yaml", ["network.precision=fp32"]),

@@ -184,6 +184,15 @@ class TrainConfig:
     double: bool = True
     """Double DQN's target, the target network's value of the online network's greedy action in s'; false:
     Nature DQN's, the target network's greedy value, which skips the online network's pass over s'"""
+    munchausen_alpha: float = 0.0
+    """Munchausen DQN's target (Vieillard et al. 2020) when above 0: the reward gains munchausen_alpha times the
+    target network's tau * log softmax(Q(s) / tau) of the taken action, clipped to [munchausen_clip, 0], and s' is
+    valued by its soft value under that policy in place of a max (so train.double must be false); 0 = off"""
+    munchausen_tau: float = 0.03
+    """Munchausen DQN: the temperature of the target network's softmax policy, in units of Q (clipped rewards)"""
+    munchausen_clip: float = -1.0
+    """Munchausen DQN: the lowest the scaled log-policy bonus goes (below 0), so that an action the policy all but
+    never takes does not drive its target to minus infinity"""
     n_step: int = 3
     """steps of reward summed before bootstrapping (1 = one-step DQN); shorter where an episode ends first (until
     n_step_decay_start_env_steps when n_step_end is set)"""
@@ -227,6 +236,13 @@ class TrainConfig:
         require(self.max_grad_norm > 0.0, "train.max_grad_norm", f"must be > 0, got {self.max_grad_norm}")
         require(self.target_update_updates >= 1, "train.target_update_updates",
                  f"must be >= 1, got {self.target_update_updates}")
+        require(0.0 <= self.munchausen_alpha <= 1.0, "train.munchausen_alpha",
+                 f"must be in [0, 1] (0 = off), got {self.munchausen_alpha}")
+        require(not (self.munchausen_alpha and self.double), "train.double",
+                 "must be false with train.munchausen_alpha > 0: Munchausen's target values s' by its soft value, "
+                 "not by Double DQN's choice of action")
+        require(self.munchausen_tau > 0.0, "train.munchausen_tau", f"must be > 0, got {self.munchausen_tau}")
+        require(self.munchausen_clip < 0.0, "train.munchausen_clip", f"must be < 0, got {self.munchausen_clip}")
         require(self.n_step >= 1, "train.n_step", f"must be >= 1, got {self.n_step}")
         require(self.n_step_end is None or 1 <= self.n_step_end <= self.n_step, "train.n_step_end",
                  f"must be from 1 to train.n_step ({self.n_step}) or null (train.n_step throughout), "

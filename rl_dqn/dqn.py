@@ -1,5 +1,5 @@
-"""The DQN math as small pure functions: exploration schedules, action choice, the DQN and Double DQN targets and
-loss, and their QR-DQN forms over quantiles."""
+"""The DQN math as small pure functions: exploration schedules, action choice, the DQN, Double DQN and Munchausen
+targets and loss, and their QR-DQN forms over quantiles."""
 
 from __future__ import annotations
 
@@ -76,6 +76,34 @@ def quantile_target(returns: torch.Tensor, discounts: torch.Tensor, next_quantil
     chooser = next_quantiles_target.mean(dim=2) if next_q_online is None else next_q_online
     next_values = quantiles_of(next_quantiles_target, chooser.argmax(dim=1))
     return returns[:, None] + discounts[:, None] * next_values
+
+
+def munchausen_target(returns: torch.Tensor, discounts: torch.Tensor, actions: torch.Tensor, values: torch.Tensor,
+                      next_values: torch.Tensor, tau: float, alpha: float, clip: float) -> torch.Tensor:
+    """Munchausen DQN's target (Vieillard, Pietquin and Geist 2020, https://arxiv.org/abs/2007.14430, eq. 2):
+    R + alpha * clamp(tau * log pi(a|s), clip, 0) + discount * sum_a' pi(a'|s') (Q(s', a') - tau * log pi(a'|s')),
+    with pi = softmax(Q / tau) of the target network's Q-values. The first term rewards the taken action by how
+    likely the target policy was to take it, which keeps the policy from changing faster than the values say it
+    should (an implicit KL penalty); the bootstrap is the soft value of s' in place of a max. For an n-step
+    transition the bonus is the first action's (the rewards after it carry none), and R and the discount are as in
+    double_dqn_target().
+
+    `values` and `next_values` are the target network's values of s and s': Q-values `[B, actions]`, or quantiles
+    `[B, actions, N]` (the policy then reads each action's mean, and each quantile j of the target is
+    R + bonus + discount * sum_a' pi(a'|s') (theta_j(s', a') - tau * log pi(a'|s')), as Munchausen-IQN's are);
+    `actions` `[B]` are those taken in s. Computed in float32 whatever the networks' precision."""
+    values, next_values = values.float(), next_values.float()
+    quantiles = next_values.dim() == 3
+    q = values.mean(dim=2) if quantiles else values
+    log_policy = tau * F.log_softmax(q / tau, dim=1)
+    bonus = alpha * log_policy.gather(1, actions[:, None]).squeeze(1).clamp(clip, 0.0)
+    next_q = next_values.mean(dim=2) if quantiles else next_values
+    next_log_policy = F.log_softmax(next_q / tau, dim=1)
+    policy, next_log_policy = next_log_policy.exp(), tau * next_log_policy
+    if quantiles:
+        soft = (policy[:, :, None] * (next_values - next_log_policy[:, :, None])).sum(dim=1)
+        return (returns + bonus)[:, None] + discounts[:, None] * soft
+    return returns + bonus + discounts * (policy * (next_values - next_log_policy)).sum(dim=1)
 
 
 def quantile_huber_loss(quantiles: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None = None

@@ -92,7 +92,8 @@ class Trainer:
         self.capture_error: str | None = None   # why the update could not be captured, where it could not
 
     def step(self, env_steps: int) -> Update:
-        """One update (Double DQN's, or with train.double false Nature DQN's) on an n-step batch, drawn uniformly
+        """One update (Double DQN's, or with train.double false Nature DQN's or with train.munchausen_alpha
+        Munchausen DQN's) on an n-step batch, drawn uniformly
         or by priority (then weighted by importance and re-prioritized by its TD errors, or with network.quantiles
         by each sample's quantile loss), `env_steps` into the run: as a replay of the captured CUDA graph of the
         whole update (learner.cuda_graph, on a GPU), or eagerly."""
@@ -109,20 +110,18 @@ class Trainer:
 
     def _eager_step(self, lr: float) -> Update:
         """The update as separate operations. With learner.overlap the helper thread computes the online network's
-        values of s' (Double DQN's) while this thread computes those of s, then samples the next batch, converts its
-        frames and evaluates the target network on it while this one runs the backward pass and the optimizer. Each
+        values of s' (Double DQN's), or the target network's of s (Munchausen's), while this thread computes the
+        online network's of s, then samples the next batch, converts its frames and evaluates the target network on
+        its s' while this one runs the backward pass and the optimizer. Each
         side runs whole operations on its own cores, which on a small CPU wastes less than splitting every operation
         over all of them. The helper is idle again when it returns, so replay inserts, checkpoints and target
         refreshes never run beside it."""
         t = self.cfg.train
         batch, inputs, next_inputs, next_target = self._take_prepared() or self._prepare_batch()
-        if self._helper is not None and t.double:
-            next_online = self._helper.submit(self._online_values, next_inputs)
+        beside = self._helper.submit(self._values_beside, inputs, next_inputs) if self._helper is not None else None
         q = self._taken(inputs, batch.actions)
-        online = None
-        if t.double:
-            online = next_online.result() if self._helper is not None else self._online_values(next_inputs)
-        targets, loss = self._loss(batch, q, online, next_target)
+        online, now_target = beside.result() if beside is not None else self._values_beside(inputs, next_inputs)
+        targets, loss = self._loss(batch, q, online, next_target, now_target)
         # Not across a target refresh: the prepared batch's targets would come from the old target network.
         if self._helper is not None and (self.updates + 1) % t.target_update_updates != 0:
             self._generator_before_prepared = self.generator.get_state()
@@ -141,20 +140,33 @@ class Trainer:
             return self.network(inputs).gather(1, actions[:, None]).squeeze(1)
         return dqn.quantiles_of(self.network.quantile_values(inputs), actions)
 
-    def _target_values(self, next_inputs: torch.Tensor) -> torch.Tensor:
-        """The target network's values of s': Q-values `[B, actions]`, or with network.quantiles their quantiles
-        `[B, actions, N]`."""
-        return self.target.quantile_values(next_inputs) if self.target.quantiles else self.target(next_inputs)
+    def _target_values(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The target network's values of a batch of states (s', and s for Munchausen's bonus): Q-values
+        `[B, actions]`, or with network.quantiles their quantiles `[B, actions, N]`."""
+        return self.target.quantile_values(inputs) if self.target.quantiles else self.target(inputs)
 
-    def _loss(self, batch, q: torch.Tensor, next_online: torch.Tensor | None, next_target: torch.Tensor
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _values_beside(self, inputs: torch.Tensor, next_inputs: torch.Tensor
+                       ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """What the target takes besides the target network's values of s': the online network's Q-values of s'
+        (Double DQN's choice, else None) and the target network's values of s (Munchausen's bonus, else None)."""
+        t = self.cfg.train
+        with torch.no_grad():
+            return (self._online_values(next_inputs) if t.double else None,
+                    self._target_values(inputs) if t.munchausen_alpha else None)
+
+    def _loss(self, batch, q: torch.Tensor, next_online: torch.Tensor | None, next_target: torch.Tensor,
+              now_target: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The TD targets and the loss of Q(s, a) `q` (with network.quantiles, of its quantiles against the
-        target's); the batch's new priorities go into the replay (before the next batch is drawn): its absolute TD
-        errors, or each sample's quantile loss."""
+        target's), from the online network's values of s' `next_online` (Double DQN's), the target network's of s'
+        `next_target` and of s `now_target` (Munchausen's); the batch's new priorities go into the replay (before
+        the next batch is drawn): its absolute TD errors, or each sample's quantile loss."""
         t = self.cfg.train
         weights = batch.weights if t.prioritized else None
         with torch.no_grad():
-            if self.network.quantiles:
+            if t.munchausen_alpha:
+                targets = dqn.munchausen_target(batch.returns, batch.discounts, batch.actions, now_target,
+                                                next_target, t.munchausen_tau, t.munchausen_alpha, t.munchausen_clip)
+            elif self.network.quantiles:
                 targets = dqn.quantile_target(batch.returns, batch.discounts, next_target,
                                               next_online if t.double else None)
             elif t.double:
@@ -238,14 +250,14 @@ class Trainer:
     def _graph_body(self, n_step: int) -> Update:
         """What the graph holds: one update whose sampling reads self._offsets and self._beta and whose Adam reads
         its learning rate from the device. The same operations as the eager update without learner.overlap."""
-        t = self.cfg.train
         batch = self.replay.sample_at(self._offsets, self._beta, n_step)
         with torch.no_grad():
             next_inputs = self.target.inputs(batch.next_obs)
             next_target = self._target_values(next_inputs)
-            online = self.network(next_inputs) if t.double else None
-        q = self._taken(self.network.inputs(batch.obs), batch.actions)
-        targets, loss = self._loss(batch, q, online, next_target)
+            inputs = self.network.inputs(batch.obs)
+            online, now_target = self._values_beside(inputs, next_inputs)
+        q = self._taken(inputs, batch.actions)
+        targets, loss = self._loss(batch, q, online, next_target, now_target)
         self._apply(loss, q)
         return self._result(q, targets, loss)
 

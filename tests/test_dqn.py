@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -47,6 +49,48 @@ def test_quantile_target_bootstraps_every_quantile_of_the_chosen_action():
     # Without the online network's values, the target's own greedy action by its quantiles' mean: 0 (5 > 4).
     nature = dqn.quantile_target(returns, discounts, next_quantiles)
     torch.testing.assert_close(nature, torch.tensor([[1.0, 1 + 0.9 * 10], [2.0, 2.0]]))
+
+
+def test_munchausen_target_by_hand():
+    returns, discounts, actions = torch.tensor([1.0, 0.0]), torch.tensor([0.9, 0.0]), torch.tensor([0, 1])
+    values = torch.tensor([[1.0, 2.0], [0.0, 0.0]])       # the target network's Q(s)
+    next_values = torch.tensor([[0.0, 0.0], [5.0, 1.0]])  # and Q(s'); the second transition is terminal
+    targets = dqn.munchausen_target(returns, discounts, actions, values, next_values, tau=1.0, alpha=0.5, clip=-1.0)
+    # Sample 0: log pi(a=0|s) = 1 - log(e + e^2) = -1.31, clipped to -1, so the bonus is 0.5 * -1; s' has two
+    # equal actions, so its soft value is their Q plus the entropy of the uniform policy, log 2.
+    # Sample 1: log pi(a=1|s) = -log 2, unclipped; terminal, so no bootstrap.
+    assert targets.tolist() == pytest.approx([1 - 0.5 + 0.9 * math.log(2), 0.5 * -math.log(2)])
+
+
+def test_munchausen_target_at_a_low_temperature_is_the_greedy_target():
+    """As tau goes to 0 the policy is greedy: the taken greedy action's bonus goes to 0 and the soft value of s' to
+    its max, Nature DQN's target."""
+    generator = torch.Generator().manual_seed(0)
+    returns, discounts = torch.randn(16, generator=generator), torch.rand(16, generator=generator)
+    values, next_values = torch.randn(16, 4, generator=generator), torch.randn(16, 4, generator=generator)
+    targets = dqn.munchausen_target(returns, discounts, values.argmax(dim=1), values, next_values,
+                                    tau=1e-4, alpha=0.9, clip=-1.0)
+    torch.testing.assert_close(targets, dqn.dqn_target(returns, discounts, next_values), rtol=0, atol=1e-3)
+
+
+def test_munchausen_quantile_target_bootstraps_each_quantile_under_the_soft_policy():
+    """With quantiles the policy reads each action's mean, and each target quantile is the policy's mixture of the
+    actions' quantile j, less tau * log pi: the targets' mean over the quantiles is the Q-value target of the
+    means."""
+    generator = torch.Generator().manual_seed(0)
+    returns, discounts = torch.randn(8, generator=generator), torch.rand(8, generator=generator)
+    actions = torch.randint(3, (8,), generator=generator)
+    values, next_values = torch.randn(8, 3, 5, generator=generator), torch.randn(8, 3, 5, generator=generator)
+    targets = dqn.munchausen_target(returns, discounts, actions, values, next_values, tau=0.5, alpha=0.9, clip=-1.0)
+    assert targets.shape == (8, 5)
+    means = dqn.munchausen_target(returns, discounts, actions, values.mean(dim=2), next_values.mean(dim=2),
+                                  tau=0.5, alpha=0.9, clip=-1.0)
+    torch.testing.assert_close(targets.mean(dim=1), means)
+    policy = torch.softmax(next_values.mean(dim=2) / 0.5, dim=1)
+    bonus = 0.9 * (0.5 * torch.log_softmax(values.mean(dim=2) / 0.5, dim=1)).gather(1, actions[:, None]).clamp(-1, 0)
+    by_hand = returns[:, None] + bonus + discounts[:, None] * torch.einsum(
+        "ba,ban->bn", policy, next_values - 0.5 * policy.log()[:, :, None])
+    torch.testing.assert_close(targets, by_hand)
 
 
 def test_quantile_huber_loss_by_hand():

@@ -5,6 +5,7 @@ weights from the same replay."""
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -63,8 +64,9 @@ def run(trainer: Trainer, updates: int) -> list[tuple[float, float]]:
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("overrides", [[], ["train.double=false", "train.prioritized=false", "eval.ema_updates=10"],
-                                       ["network.precision=bf16"], ["network.quantiles=8"]],
-                         ids=["pong_cpu", "nature-uniform-ema", "bf16", "quantiles"])
+                                       ["network.precision=bf16"], ["network.quantiles=8"],
+                                       ["network.quantiles=8", "train.double=false", "train.munchausen_alpha=0.9"]],
+                         ids=["pong_cpu", "nature-uniform-ema", "bf16", "quantiles", "munchausen"])
 def test_the_static_update_computes_what_the_eager_one_does(device, overrides):
     """Same replay, same seed: the update on static buffers (replayed as a CUDA graph on a GPU) and the eager one
     give the same losses and TD errors update after update, across a target refresh, and leave the same gradients,
@@ -270,6 +272,36 @@ def test_nature_dqn_targets_learn_the_chain_values_with_or_without_overlap(tmp_p
         q = overlapped.trainer.network(torch.tensor([[S0], [S1]]))
     assert q[1].tolist() == pytest.approx([1.0, 1.0], abs=0.05)
     assert q[0].tolist() == pytest.approx([0.9, 0.9], abs=0.05)
+
+
+@pytest.mark.parametrize("quantiles", [0, 4])
+def test_munchausen_targets_learn_the_chain_values_of_its_soft_policy(tmp_path, quantiles):
+    """train.munchausen_alpha: both actions of the chain are worth the same, so the target policy stays uniform and
+    every Q-value settles at Munchausen's fixed point, with tau = 1 far from the plain DQN's: Q(s1) = 1 + alpha *
+    log(1/2) (the bonus, its clip at -1 not reached), and Q(s0) = alpha * log(1/2) + gamma * (Q(s1) + log 2), s1's
+    soft value being its Q-value plus the uniform policy's entropy. One-step returns, so that s0 bootstraps, with
+    and without preparing batches beside training (the same updates either way); with quantiles, every one."""
+    learners = [make_learner(tmp_path / flag, "train.double=false", "train.n_step=1", "train.munchausen_alpha=0.9",
+                             "train.munchausen_tau=1", f"network.quantiles={quantiles}", "train.initial_priority=max",
+                             f"learner.overlap={flag}")
+                for flag in ("true", "false")]
+    for learner in learners:
+        for seq in range(4):
+            learner.intake.ingest(chain_chunk(seq % 2, seq // 2, episodes=10))
+        for _ in range(600):
+            learner.step()
+    overlapped, plain = learners
+    assert all(torch.equal(x, y) for x, y in zip(overlapped.trainer.network.parameters(),
+                                                  plain.trainer.network.parameters()))
+    gamma, bonus = overlapped.cfg.train.gamma, 0.9 * math.log(0.5)
+    s1 = 1 + bonus
+    s0 = bonus + gamma * (s1 + math.log(2))
+    with torch.no_grad():
+        states = torch.tensor([[S0], [S1]])
+        values = overlapped.trainer.network.quantile_values(states).flatten(1) if quantiles \
+            else overlapped.trainer.network(states)
+    assert values[1].tolist() == pytest.approx([s1] * values.shape[1], abs=0.05)
+    assert values[0].tolist() == pytest.approx([s0] * values.shape[1], abs=0.05)
 
 
 def test_target_network_follows_every_target_update_updates(tmp_path):
