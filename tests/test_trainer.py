@@ -252,14 +252,10 @@ def test_quantiles_learn_the_spread_of_a_reward_that_is_a_coin_toss(tmp_path):
         assert action[0] < -0.5 and action[-1] > 0.5, quantiles
 
 
-def test_nature_dqn_targets_learn_the_chain_values_with_or_without_overlap(tmp_path, monkeypatch):
-    """train.double=false: the target network's greedy value bootstraps s0 (one-step returns, so it does), the
-    online network never evaluates s', and preparing batches beside training changes no update there either."""
-    def no_online_pass(*args):
-        raise AssertionError("the online network evaluated s' for a Nature DQN target")
-    monkeypatch.setattr(Trainer, "_online_values", no_online_pass)
-    learners = [make_learner(tmp_path / flag, "train.double=false", "train.n_step=1", f"learner.overlap={flag}")
-                for flag in ("true", "false")]
+def trained_with_and_without_overlap(tmp_path, *overrides: str):
+    """Two learners of the chain with `overrides`, one preparing batches beside training and one not, after the
+    same 600 updates; asserts that they made the same updates and returns the first."""
+    learners = [make_learner(tmp_path / flag, *overrides, f"learner.overlap={flag}") for flag in ("true", "false")]
     for learner in learners:
         for seq in range(4):
             learner.intake.ingest(chain_chunk(seq % 2, seq // 2, episodes=10))
@@ -268,6 +264,16 @@ def test_nature_dqn_targets_learn_the_chain_values_with_or_without_overlap(tmp_p
     overlapped, plain = learners
     assert all(torch.equal(x, y) for x, y in zip(overlapped.trainer.network.parameters(),
                                                   plain.trainer.network.parameters()))
+    return overlapped
+
+
+def test_nature_dqn_targets_learn_the_chain_values_with_or_without_overlap(tmp_path, monkeypatch):
+    """train.double=false: the target network's greedy value bootstraps s0 (one-step returns, so it does), the
+    online network never evaluates s', and preparing batches beside training changes no update there either."""
+    def no_online_pass(*args):
+        raise AssertionError("the online network evaluated s' for a Nature DQN target")
+    monkeypatch.setattr(Trainer, "_online_values", no_online_pass)
+    overlapped = trained_with_and_without_overlap(tmp_path, "train.double=false", "train.n_step=1")
     with torch.no_grad():
         q = overlapped.trainer.network(torch.tensor([[S0], [S1]]))
     assert q[1].tolist() == pytest.approx([1.0, 1.0], abs=0.05)
@@ -281,18 +287,9 @@ def test_munchausen_targets_learn_the_chain_values_of_its_soft_policy(tmp_path, 
     log(1/2) (the bonus, its clip at -1 not reached), and Q(s0) = alpha * log(1/2) + gamma * (Q(s1) + log 2), s1's
     soft value being its Q-value plus the uniform policy's entropy. One-step returns, so that s0 bootstraps, with
     and without preparing batches beside training (the same updates either way); with quantiles, every one."""
-    learners = [make_learner(tmp_path / flag, "train.double=false", "train.n_step=1", "train.munchausen_alpha=0.9",
-                             "train.munchausen_tau=1", f"network.quantiles={quantiles}", "train.initial_priority=max",
-                             f"learner.overlap={flag}")
-                for flag in ("true", "false")]
-    for learner in learners:
-        for seq in range(4):
-            learner.intake.ingest(chain_chunk(seq % 2, seq // 2, episodes=10))
-        for _ in range(600):
-            learner.step()
-    overlapped, plain = learners
-    assert all(torch.equal(x, y) for x, y in zip(overlapped.trainer.network.parameters(),
-                                                  plain.trainer.network.parameters()))
+    overlapped = trained_with_and_without_overlap(
+        tmp_path, "train.double=false", "train.n_step=1", "train.munchausen_alpha=0.9", "train.munchausen_tau=1",
+        f"network.quantiles={quantiles}", "train.initial_priority=max")
     gamma, bonus = overlapped.cfg.train.gamma, 0.9 * math.log(0.5)
     s1 = 1 + bonus
     s0 = bonus + gamma * (s1 + math.log(2))
