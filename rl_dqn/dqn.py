@@ -92,18 +92,14 @@ def munchausen_target(returns: torch.Tensor, discounts: torch.Tensor, actions: t
     `[B, actions, N]` (the policy then reads each action's mean, and each quantile j of the target is
     R + bonus + discount * sum_a' pi(a'|s') (theta_j(s', a') - tau * log pi(a'|s')), as Munchausen-IQN's are);
     `actions` `[B]` are those taken in s. Computed in float32 whatever the networks' precision."""
-    values, next_values = values.float(), next_values.float()
-    quantiles = next_values.dim() == 3
-    q = values.mean(dim=2) if quantiles else values
-    log_policy = tau * F.log_softmax(q / tau, dim=1)
-    bonus = alpha * log_policy.gather(1, actions[:, None]).squeeze(1).clamp(clip, 0.0)
-    next_q = next_values.mean(dim=2) if quantiles else next_values
-    next_log_policy = F.log_softmax(next_q / tau, dim=1)
-    policy, next_log_policy = next_log_policy.exp(), tau * next_log_policy
-    if quantiles:
-        soft = (policy[:, :, None] * (next_values - next_log_policy[:, :, None])).sum(dim=1)
-        return (returns + bonus)[:, None] + discounts[:, None] * soft
-    return returns + bonus + discounts * (policy * (next_values - next_log_policy)).sum(dim=1)
+    as_quantiles = next_values.dim() == 3
+    values, next_values = (v.float() if as_quantiles else v.float()[:, :, None] for v in (values, next_values))
+    log_policy = tau * F.log_softmax(values.mean(dim=2) / tau, dim=1)
+    bonus = alpha * log_policy.gather(1, actions[:, None]).clamp(clip, 0.0)                       # [B, 1]
+    next_logits = F.log_softmax(next_values.mean(dim=2) / tau, dim=1)
+    soft = (next_logits.exp()[:, :, None] * (next_values - tau * next_logits[:, :, None])).sum(dim=1)   # [B, N]
+    targets = returns[:, None] + bonus + discounts[:, None] * soft
+    return targets if as_quantiles else targets.squeeze(1)
 
 
 def quantile_huber_loss(quantiles: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None = None

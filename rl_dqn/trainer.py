@@ -92,11 +92,11 @@ class Trainer:
         self.capture_error: str | None = None   # why the update could not be captured, where it could not
 
     def step(self, env_steps: int) -> Update:
-        """One update (Double DQN's, or with train.double false Nature DQN's or with train.munchausen_alpha
-        Munchausen DQN's) on an n-step batch, drawn uniformly
-        or by priority (then weighted by importance and re-prioritized by its TD errors, or with network.quantiles
-        by each sample's quantile loss), `env_steps` into the run: as a replay of the captured CUDA graph of the
-        whole update (learner.cuda_graph, on a GPU), or eagerly."""
+        """One update (Double DQN's, or with train.double false Nature DQN's, or with train.munchausen_alpha
+        Munchausen DQN's) on an n-step batch, drawn uniformly or by priority (then weighted by importance and
+        re-prioritized by its TD errors, or with network.quantiles by each sample's quantile loss), `env_steps` into
+        the run: as a replay of the captured CUDA graph of the whole update (learner.cuda_graph, on a GPU), or
+        eagerly."""
         t = self.cfg.train
         self._env_steps = env_steps
         lr = dqn.linear_schedule(env_steps, t.lr, t.lr_end, t.lr_decay_start_env_steps,
@@ -112,13 +112,13 @@ class Trainer:
         """The update as separate operations. With learner.overlap the helper thread computes the online network's
         values of s' (Double DQN's), or the target network's of s (Munchausen's), while this thread computes the
         online network's of s, then samples the next batch, converts its frames and evaluates the target network on
-        its s' while this one runs the backward pass and the optimizer. Each
-        side runs whole operations on its own cores, which on a small CPU wastes less than splitting every operation
-        over all of them. The helper is idle again when it returns, so replay inserts, checkpoints and target
-        refreshes never run beside it."""
+        its s' while this one runs the backward pass and the optimizer. Each side runs whole operations on its own
+        cores, which on a small CPU wastes less than splitting every operation over all of them. The helper is idle
+        again when it returns, so replay inserts, checkpoints and target refreshes never run beside it."""
         t = self.cfg.train
         batch, inputs, next_inputs, next_target = self._take_prepared() or self._prepare_batch()
-        beside = self._helper.submit(self._values_beside, inputs, next_inputs) if self._helper is not None else None
+        beside = self._helper.submit(self._values_beside, inputs, next_inputs) \
+            if self._helper is not None and (t.double or t.munchausen_alpha) else None   # Nature DQN's: nothing
         q = self._taken(inputs, batch.actions)
         online, now_target = beside.result() if beside is not None else self._values_beside(inputs, next_inputs)
         targets, loss = self._loss(batch, q, online, next_target, now_target)
