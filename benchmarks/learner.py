@@ -4,9 +4,10 @@
                                  [--overlap on,off] [--graph on,off] [--only NIPS] [--profile UPDATES]
 
 For each device present (CPU, and the GPU when there is one), each batch size and each of: prioritized 10-step
-replay with the NIPS torso (configs/pong_cpu.yaml; also with QR-DQN's 32 quantiles, configs/atari_cpu.yaml's update,
-and in bfloat16 with Nature DQN's target, with and without the quantiles), uniform 1-step replay (configs/pong.yaml)
-and prioritized 3-step replay with a dueling network (configs/pong_apex.yaml), the last two with the Nature torso,
+replay with the NIPS torso (configs/pong_cpu.yaml; also with QR-DQN's 32 quantiles, and in bfloat16 with Nature
+DQN's target, with and without the quantiles, and with Munchausen's on the quantiles, configs/atari_cpu.yaml's
+update), uniform 1-step replay (configs/pong.yaml) and prioritized 3-step replay with a dueling network
+(configs/pong_apex.yaml), the last two with the Nature torso,
 each with the network in float32 and in bfloat16, it fills a replay of Pong-shaped frames on that device and times
 Learner.step() (sample, Double DQN update, new priorities) and replay.sample() alone, with the next batch prepared
 on a second thread (learner.overlap, the default) and without, and on a GPU with the whole update captured as one
