@@ -221,7 +221,8 @@ def _table(bench: Benchmark, folders: list[Path], results: Path) -> list[str]:
 
 def _machine(machine: dict) -> str:
     gpus = machine.get("gpus") or []
-    cpu = f"{machine.get('cores', '?')} cores of {machine.get('cpu', 'an unknown CPU')}"
+    family = f" (family {machine['cpu_family']})" if machine.get("cpu_family") else ""
+    cpu = f"{machine.get('cores', '?')} cores of {machine.get('cpu', 'an unknown CPU')}{family}"
     extras = ", AMX" if machine.get("amx") else ", AVX512-BF16" if machine.get("avx512_bf16") else ""
     return (f"{gpus[0]}, " if gpus else "") + cpu + extras
 

@@ -67,8 +67,8 @@ def available_memory(device: torch.device | str = "cpu") -> int | None:
 
 
 def machine() -> dict:
-    """What a result was measured on: the CPU (model, the cores this process may use, whether it has AVX512-BF16 or
-    AMX, which decide network.precision: auto), the GPUs and the software."""
+    """What a result was measured on: the CPU (model, x86 family.model, the cores this process may use, whether it has
+    AVX512-BF16 or AMX, which decide network.precision: auto), the GPUs and the software."""
     from importlib import metadata
 
     def version(package: str) -> str:
@@ -80,11 +80,17 @@ def machine() -> dict:
         cpuinfo = Path("/proc/cpuinfo").read_text()
     except OSError:
         cpuinfo = ""
-    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
-                 "unknown CPU")
+    def field(name: str) -> str | None:
+        return next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines()
+                     if line.split(":", 1)[0].strip() == name), None)
+    model = field("model name") or "unknown CPU"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return {"cpu": model, "cores": cores, "avx512_bf16": torch.cpu._is_avx512_bf16_supported(),
+    # A virtual machine's model name can be as bare as "AMD EPYC", which spans generations of twice the speed; the
+    # x86 family and model numbers tell them apart (family 25 is Zen 3/4, 26 is Zen 5).
+    family, number = field("cpu family"), field("model")
+    return {"cpu": model, "cpu_family": family and f"{family}.{number}", "cores": cores,
+            "avx512_bf16": torch.cpu._is_avx512_bf16_supported(),
             "amx": torch.cpu._is_amx_tile_supported(), "gpus": gpus, "torch": torch.__version__,
             "gymnasium": version("gymnasium"), "ale_py": version("ale-py")}
 

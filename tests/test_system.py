@@ -88,3 +88,15 @@ def test_a_configured_process_and_its_later_threads_flush_denormals_to_zero():
                               text=True, check=True).stdout.split()
     assert run("default") == ["True", "True", "True"]
     assert run("configured") == ["True", "False", "False"]
+
+
+def test_the_machine_of_a_result_says_its_cpus_family_and_model_where_proc_cpuinfo_has_them():
+    from rl_dqn.system import machine
+    info = machine()
+    assert info["cores"] >= 1 and info["cpu"]
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    if "cpu family" not in cpuinfo:
+        pytest.skip("no x86 family in /proc/cpuinfo")
+    family, model = info["cpu_family"].split(".")
+    assert any(line.split(":")[0].strip() == "cpu family" and line.split(":")[1].strip() == family
+               for line in cpuinfo.splitlines()) and model.isdigit()
