@@ -383,7 +383,8 @@ class ClusterConfig:
 class EvalConfig:
     every_env_steps: int = 0
     """env steps of the run between evaluations (episodes at eval.epsilon in a process of the learner's node that
-    feeds no replay), and one at train.total_env_steps, scored before the run ends; 0 = none"""
+    feeds no replay), each due at a multiple of this, and one at train.total_env_steps, scored before the run ends;
+    0 = none"""
     episodes: int = 10
     """episodes per evaluation: the first this many started (see eval.envs)"""
     screen_episodes: int = 0

@@ -38,6 +38,12 @@ __all__ = ["Learner"]
 BURST_S = 0.005   # the longest the loop trains before it looks at the transport again
 
 
+def next_round(env_steps: int, every_env_steps: int) -> int:
+    """The env steps at which the evaluation round after one started at `env_steps` is due: the next multiple of
+    eval.every_env_steps."""
+    return (env_steps // every_env_steps + 1) * every_env_steps
+
+
 class Learner:
     """Double DQN on a replay memory filled by the collectors, at a fixed replay ratio.
 
@@ -67,7 +73,8 @@ class Learner:
         self.weights_version = 0
         self.evaluating = cfg.eval.every_env_steps > 0   # until the evaluator fails
         self.evaluator: Evaluator | None = None
-        self.next_eval = cfg.eval.every_env_steps
+        self.next_eval = cfg.eval.every_env_steps   # a multiple of it: see _evaluate()
+        self.last_round_env_steps = -1   # the env steps of the round last started (this process)
         self.eval_state: dict[str, torch.Tensor] | None = None   # the weights the evaluator is playing
         # The evaluation that reached eval.stop_score, which ends the run: {"eval": its mean score, "stop_score",
         # "env_steps"}; kept in the checkpoints, so that a resume knows how the run ended.
@@ -238,7 +245,11 @@ class Learner:
                 state = self.trainer.evaluated_weights()
                 self.evaluator.submit(state, env_steps, self.report.elapsed(), self.weights_version)
                 self.eval_state = state
-                self.next_eval = env_steps + self.cfg.eval.every_env_steps
+                self.last_round_env_steps = env_steps
+                # Due at the next multiple of every_env_steps, not every_env_steps after this round: a round that
+                # started late (chunks come in whole, or the one before was still playing) does not push the rest
+                # later, so rounds compare at the same env steps across runs and the run's total gets its own.
+                self.next_eval = next_round(env_steps, self.cfg.eval.every_env_steps)
         except RuntimeError as e:
             say("learner", f"evaluation stopped, training goes on: {e}")
             self.evaluating = False
@@ -246,7 +257,10 @@ class Learner:
 
     def _last_evaluation(self) -> None:
         """At the run's total: the round due there is started, and the round still playing is scored and logged
-        before the run closes, rather than dropped (a signal drops it)."""
+        before the run closes, rather than dropped (a signal drops it). The final weights are scored also where
+        the total is not a multiple of eval.every_env_steps."""
+        if self.evaluating and self.last_round_env_steps < self.cfg.train.total_env_steps:
+            self.next_eval = min(self.next_eval, self.cfg.train.total_env_steps)
         self._evaluate()
         if self.evaluator is None or not self.evaluator.busy:
             return

@@ -23,6 +23,7 @@ from test_end_to_end import TAGS, summaries_of
 
 from rl_dqn import checkpoints
 from rl_dqn.evaluate import EvalResult, load_player
+from rl_dqn.learner import next_round
 from rl_dqn.transport import Change, LearnerEndpoint, Membership, Standing
 from rl_dqn.types import Ack, Chunk
 
@@ -228,6 +229,41 @@ def test_a_run_that_reaches_its_total_scores_the_round_due_there_before_it_ends(
     assert "reached train.total_env_steps: scoring the evaluation round still playing" in capsys.readouterr().out
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["ended"] == "total_env_steps" and summary["best_eval_return"] == learner.report.last_eval[0]
+
+
+def test_rounds_are_due_at_multiples_of_the_period_however_late_the_one_before_started():
+    assert [next_round(e, 100_000) for e in (0, 99_999, 100_000, 102_304, 2_402_304)] == \
+        [100_000, 100_000, 200_000, 200_000, 2_500_000]
+
+
+@pytest.mark.parametrize("every", [200, 160])
+def test_the_final_weights_are_scored_whether_or_not_the_total_is_a_multiple_of_the_period(tmp_path, every):
+    """Chunks of 60 env steps, one at a time and none while a round plays, start each round past its due point: had
+    the next been due a period after that, the rounds would drift past the total (200: at 240, 480, then due at 680)
+    and the final weights would go unscored."""
+    learner = make_learner(tmp_path, "train.total_env_steps=600", f"eval.every_env_steps={every}", "eval.episodes=2")
+    chunks = {f"collector{c}": [chain_chunk(c, seq, episodes=10) for seq in range(5)] for c in range(2)}
+
+    class Paced(MemoryEndpoint):
+        def receive(self, timeout: float) -> list[Delivery]:
+            if learner.evaluator is not None and learner.evaluator.busy:
+                time.sleep(0.01)
+                return []
+            name = next((n for n, waiting in self._to_send.items() if waiting and not self._unanswered[n]), None)
+            if name is None:
+                return []
+            self._unanswered[name] += 1
+            self.delivered.append(chunk := self._to_send[name].popleft())
+            return [Delivery(chunk)]
+
+    endpoint = Paced(chunks, learner.cfg.collectors.max_chunks_in_flight, lost={})
+    deadline = threading.Timer(120, learner.stop.set)
+    deadline.start()
+    try:
+        learner.run(endpoint)
+    finally:
+        deadline.cancel()
+    assert learner.ended == "total_env_steps" and learner.report.last_eval[2] == 600
 
 
 def test_the_best_evaluated_network_is_kept_with_its_score(tmp_path):
