@@ -36,6 +36,7 @@ HUMAN: dict[str, float] = {
     "Pong": 14.6,
 }
 ITERATION_ENV_STEPS = 250_000
+PAST_THE_END = ITERATION_ENV_STEPS // 100   # see dopamine_at()
 DOPAMINE_DQN_CURVE: dict[str, tuple[float, ...]] = {
     "BattleZone": (3666.8, 3393.6, 5055.1, 12242.4, 17405.6, 16863.3, 16674.8, 18364.0, 18157.5, 18594.1),
     "DoubleDunk": (-19.0, -21.0, -20.2, -19.6, -19.3, -19.4, -18.8, -18.9, -18.5, -18.3),
@@ -92,9 +93,13 @@ def atari5_median(scores: dict[str, float]) -> float:
 def dopamine_at(curve: dict[str, tuple[float, ...]], game: str, env_steps: int) -> float | None:
     """A Dopamine baseline (DOPAMINE_DQN_CURVE or DOPAMINE_RAINBOW_CURVE) over the same env steps as a run at
     `env_steps`: the value of the iteration in which its env step number `env_steps` falls (the mean return of that
-    iteration's training episodes); None for a game it has no curve of, or past its 10 iterations (2.5M env steps)."""
+    iteration's training episodes); None for a game it has no curve of, or past its 10 iterations (2.5M env steps).
+    A run to 2.5M env steps stops a little past them, its chunks coming in whole, and so does the round of
+    evaluation it plays there: up to PAST_THE_END env steps past the last iteration still read against it."""
     values = curve.get(game)
     iteration = (env_steps - 1) // ITERATION_ENV_STEPS
+    if values is not None and 0 < env_steps - len(values) * ITERATION_ENV_STEPS <= PAST_THE_END:
+        iteration = len(values) - 1
     if values is None or not 0 <= iteration < len(values):
         return None
     return values[iteration]
