@@ -212,18 +212,23 @@ def test_a_checkpoint_from_the_other_kind_of_device_resumes_with_a_new_sampling_
     assert fresh.trainer.updates == 2
 
 
+def run_with_deadline(learner, endpoint, seconds: float = 120) -> None:
+    """learner.run(endpoint), stopped as by a signal if it has not ended within `seconds`."""
+    deadline = threading.Timer(seconds, learner.stop.set)
+    deadline.start()
+    try:
+        learner.run(endpoint)
+    finally:
+        deadline.cancel()
+
+
 def test_a_run_that_reaches_its_total_scores_the_round_due_there_before_it_ends(tmp_path, capsys):
     """With eval.every_env_steps at the run's total, the one round starts as the last chunk comes in: the run plays
     and logs it before it closes, instead of dropping the round in flight, and the summary holds its score."""
     learner = make_learner(tmp_path, "train.total_env_steps=600", "eval.every_env_steps=600", "eval.episodes=2")
     chunks = {f"collector{c}": [chain_chunk(c, seq, episodes=10) for seq in range(5)] for c in range(2)}
     endpoint = MemoryEndpoint(chunks, learner.cfg.collectors.max_chunks_in_flight, lost={})
-    deadline = threading.Timer(120, learner.stop.set)
-    deadline.start()
-    try:
-        learner.run(endpoint)
-    finally:
-        deadline.cancel()
+    run_with_deadline(learner, endpoint)
     assert learner.ended == "total_env_steps" and learner.report.last_eval is not None
     assert learner.report.last_eval[2] == 600
     assert "reached train.total_env_steps: scoring the evaluation round still playing" in capsys.readouterr().out
@@ -257,12 +262,7 @@ def test_the_final_weights_are_scored_whether_or_not_the_total_is_a_multiple_of_
             return [Delivery(chunk)]
 
     endpoint = Paced(chunks, learner.cfg.collectors.max_chunks_in_flight, lost={})
-    deadline = threading.Timer(120, learner.stop.set)
-    deadline.start()
-    try:
-        learner.run(endpoint)
-    finally:
-        deadline.cancel()
+    run_with_deadline(learner, endpoint)
     assert learner.ended == "total_env_steps" and learner.report.last_eval[2] == 600
 
 
