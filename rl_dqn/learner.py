@@ -259,7 +259,7 @@ class Learner:
         """At the run's total: the round due there is started, and the round still playing is scored and logged
         before the run closes, rather than dropped (a signal drops it). The final weights are scored also where
         the total is not a multiple of eval.every_env_steps."""
-        if self.evaluating and self.last_round_env_steps < self.cfg.train.total_env_steps:
+        if self.last_round_env_steps < self.cfg.train.total_env_steps:
             self.next_eval = min(self.next_eval, self.cfg.train.total_env_steps)
         self._evaluate()
         if self.evaluator is None or not self.evaluator.busy:

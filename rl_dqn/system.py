@@ -86,8 +86,8 @@ def machine() -> dict:
     model = field("model name") or "unknown CPU"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    # A virtual machine's model name can be as bare as "AMD EPYC", which spans generations of twice the speed; the
-    # x86 family and model numbers tell them apart (family 25 is Zen 3/4, 26 is Zen 5).
+    # A virtual machine's model name can be as bare as "AMD EPYC", which spans generations that differ in speed;
+    # the x86 family and model numbers tell them apart (family 25 is Zen 3/4, 26 is Zen 5).
     family, number = field("cpu family"), field("model")
     return {"cpu": model, "cpu_family": family and f"{family}.{number}", "cores": cores,
             "avx512_bf16": torch.cpu._is_avx512_bf16_supported(),

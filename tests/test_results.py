@@ -238,7 +238,7 @@ def test_the_repositorys_results_page_is_the_one_its_records_give():
 
 
 def test_a_records_machine_names_its_cpu_family_where_the_model_name_is_too_bare_to():
-    # Two "AMD EPYC" machines of different generations differ by about 2x in env steps per second.
+    # Two "AMD EPYC" machines of different generations differ in env steps per second.
     zen5 = {"cpu": "AMD EPYC", "cpu_family": "26.2", "cores": 2, "avx512_bf16": True, "amx": False, "gpus": []}
     assert results._machine(zen5) == "2 cores of AMD EPYC (family 26.2), AVX512-BF16"
     assert results._machine({"cpu": "AMD EPYC", "cores": 2}) == "2 cores of AMD EPYC"   # records from before
