@@ -12,7 +12,8 @@ a benchmark.yaml (its title, what it measures, the command that runs a seed, the
 records; for a change tried on a config over games, `against`: the config's benchmark, read env step for env step) and,
 for runs reported before records existed, an earlier.md whose table the page shows as it is, marked as such, until
 re-runs replace it. The page has one section per benchmark: a table with a row per record, linked to it, and a figure of
-every record's curve drawn by rl_dqn.plot.
+every record's curve drawn by rl_dqn.plot (for a change read against a base, against env steps beside the base's seeds,
+and with `by_minutes` also against wall minutes).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
 PAGE = ROOT / "docs" / "results.md"
 FIGURES = ROOT / "docs" / "results"
+BY_MINUTES = "-minutes"   # a benchmark read against a base is drawn against env steps; with by_minutes, also in
+                          # <name>-minutes.png against wall minutes
 CURVE = "eval.csv"
 COLUMNS = ("env_steps", "wall_s", "mean", "std", "episodes")
 RECORD_FILES = ("config.yaml", "run.json", "summary.json", CURVE)
@@ -54,6 +57,7 @@ class Benchmark(NamedTuple):
     notes: dict[str, str]  # a line about a record, by its folder's name (e.g. what else ran on the machine)
     games: list[str] = []  # a benchmark over Atari games (records told apart by env.id): the games, in table order
     against: str | None = None  # a candidate change's benchmark: the benchmark whose records it is read against
+    by_minutes: bool = False  # read against a base: its own seeds also drawn against wall minutes (a final table)
 
 
 class GameRun(NamedTuple):
@@ -123,7 +127,8 @@ def benchmarks(results: Path = RESULTS) -> list[Benchmark]:
             found.append(Benchmark(path.parent.name, data["title"], data["about"].strip(), data["command"].strip(),
                                    [float(s) for s in data.get("scores", [])], data.get("target"),
                                    int(data.get("order", 100)), dict(data.get("notes") or {}),
-                                   [str(g) for g in data.get("games") or []], data.get("against")))
+                                   [str(g) for g in data.get("games") or []], data.get("against"),
+                                   bool(data.get("by_minutes", False))))
         except (yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as e:
             raise ResultsError(f"{path}: {type(e).__name__}: {e}") from None
     return sorted(found, key=lambda b: (b.order, b.name))
@@ -177,6 +182,8 @@ def page(results: Path = RESULTS) -> tuple[str, dict[str, dict[str, list[EvalPoi
             if bench.against:
                 base, based = _base(bench, results)
                 parts += _against_markdown(bench, base, list(played.values()), based, results) + [""]
+                if bench.by_minutes:   # its own seeds alone: the base's ran on machines of other speeds
+                    figures[bench.name + BY_MINUTES] = {game: dict(runs) for game, runs in figures[bench.name].items()}
                 for run in based:   # the base's seeds drawn beside the change's, in the games the change ran
                     if run.game in figures[bench.name]:
                         figures[bench.name][run.game][f"{base.name} seed {run.seed}"] = run.points
@@ -189,6 +196,9 @@ def page(results: Path = RESULTS) -> tuple[str, dict[str, dict[str, list[EvalPoi
                      f"{bench.against}" if bench.against else "each game's evaluation score against wall time, "
                      "every seed" if bench.games else "evaluation score against wall time and env steps, every record")
             parts += ["", f"![{bench.title}: {drawn}](results/{bench.name}.png)", ""]
+            if bench.name + BY_MINUTES in figures:
+                parts += [f"![{bench.title}: each game's evaluation score against wall time, every seed]"
+                          f"(results/{bench.name}{BY_MINUTES}.png)", ""]
         earlier = results / bench.name / "earlier.md"
         if earlier.is_file():
             parts += ["Reported before records existed (a table kept as it was written; no record, no curve; a "
@@ -236,11 +246,11 @@ def write(results: Path = RESULTS, page_path: Path = PAGE, figures_dir: Path = F
     written = [page_path]
     titles = {b.name: b for b in benchmarks(results)}
     for name, curves in figures.items():
-        bench = titles[name]
+        bench = titles[name.removesuffix(BY_MINUTES)] if name not in titles else titles[name]
         out = figures_dir / f"{name}.png"
         if bench.games:
             from rl_dqn import atari_scores as ref
-            if bench.against:   # against env steps: Dopamine's agents iteration by iteration, on the same axis
+            if bench.against and name == bench.name:   # against env steps: Dopamine's agents iteration by iteration
                 steps = {game: {name: (ref.ITERATION_ENV_STEPS, curve[game]) for name, curve in (
                     ("Dopamine DQN (training returns)", ref.DOPAMINE_DQN_CURVE),
                     ("Dopamine Rainbow (training returns)", ref.DOPAMINE_RAINBOW_CURVE)) if game in curve}

@@ -178,11 +178,24 @@ def test_a_candidate_is_read_against_its_base_at_the_same_env_steps_whatever_its
                      "1 of 2"]]
     assert line == "Ahead here, over the rounds compared, on 1 of 2 games."
     text, figures = results.page(store / "results")
+    runs_of = lambda game: results.curve(store / f"results/atari_change/x-{game}-s1")
     assert "| Qbert | 2, 100k to 200k | 2,500 | 2,000 |" in text
     # Its figure draws the base's seeds beside its own in the games it ran, against env steps.
     assert set(figures["atari_change"]["Qbert"]) == {"seed 1", "atari_base seed 1", "atari_base seed 2"}
     assert set(figures["atari_change"]) == {"Qbert", "Pong", "Seaquest"}
     assert "each game's evaluation score against env steps, every seed, beside the seeds of atari_base" in text
+    assert "atari_change-minutes" not in figures
+    # With by_minutes (a final table), a second figure against wall minutes, its own seeds alone: the base's ran on
+    # another clock.
+    with (store / "results/atari_change/benchmark.yaml").open("a") as f:
+        f.write("by_minutes: true\n")
+    text, figures = results.page(store / "results")
+    assert figures["atari_change-minutes"] == {game: {"seed 1": runs_of(game)} for game in ("Qbert", "Pong",
+                                                                                             "Seaquest")}
+    assert "evaluation score against wall time, every seed](results/atari_change-minutes.png)" in text
+    written = results.write(store / "results", store / "docs/results.md", store / "docs/results")
+    assert {p.name for p in written if p.suffix == ".png"} == {"atari_base.png", "atari_change.png",
+                                                               "atari_change-minutes.png"}
     # The change's table over games shows the base's random-policy scores, as its runs play the same config; a
     # benchmark of another config has none.
     change_row = next(line for line in text.splitlines() if line.startswith("| Qbert | [1,000 (s1)]"))
