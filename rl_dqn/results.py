@@ -246,7 +246,7 @@ def write(results: Path = RESULTS, page_path: Path = PAGE, figures_dir: Path = F
     written = [page_path]
     titles = {b.name: b for b in benchmarks(results)}
     for name, curves in figures.items():
-        bench = titles[name.removesuffix(BY_MINUTES)] if name not in titles else titles[name]
+        bench = titles.get(name) or titles[name.removesuffix(BY_MINUTES)]
         out = figures_dir / f"{name}.png"
         if bench.games:
             from rl_dqn import atari_scores as ref
