@@ -40,6 +40,9 @@ BY_MINUTES = "-minutes"   # a benchmark read against a base is drawn against env
 CURVE = "eval.csv"
 COLUMNS = ("env_steps", "wall_s", "mean", "std", "episodes")
 RECORD_FILES = ("config.yaml", "run.json", "summary.json", CURVE)
+# Optional in a record: its run's final weights played in whole games (benchmarks/whole_games.py), where the run's
+# evaluation cut its episodes shorter than the games the baselines score.
+WHOLE_GAMES = "whole_games.json"
 
 
 class ResultsError(ValueError):
@@ -67,6 +70,7 @@ class GameRun(NamedTuple):
     points: list[EvalPoint]    # its evaluation curve
     env_steps: int | None      # the run's env steps at its end (summary.json)
     at_epsilon: float | None = None   # its training episodes' mean score at metrics.return_epsilon (summary.json)
+    whole_games: float | None = None  # its final weights' mean score in whole games (whole_games.json)
 
 
 # ------------------------------------------------------------------------------------------------ recording
@@ -102,6 +106,24 @@ def record(run_dir: Path, benchmark: str, results: Path = RESULTS) -> Path:
             writer.writerow([p.env_steps, f"{p.seconds:.1f}", f"{p.mean:.4f}", f"{p.std:.4f}",
                              episodes.get(p.env_steps, whole)])
     return target
+
+
+def whole_games_path(run_dir: Path, benchmark: str, results: Path = RESULTS) -> Path:
+    """Where the whole-game scores of a recorded run's final weights go in its record: results/<benchmark>/<run
+    name>/whole_games.json. Refused where the run has no record there, the record is another run's of the same name
+    (its run.json differs), or it has them already."""
+    target = results / benchmark / run_dir.name
+    if not (run_dir / "run.json").is_file():
+        raise ResultsError(f"{run_dir} is not a finished run: it has no run.json")
+    if not (target / "run.json").is_file():
+        raise ResultsError(f"{run_dir.name} has no record in {results / benchmark}: record it first "
+                           f"(python -m rl_dqn.results record {run_dir} {benchmark})")
+    if _json(target / "run.json") != _json(run_dir / "run.json"):
+        raise ResultsError(f"{target} is the record of another run named {run_dir.name}: its run.json differs from "
+                           f"{run_dir}'s")
+    if (target / WHOLE_GAMES).exists():
+        raise ResultsError(f"{target / WHOLE_GAMES} exists; remove it to play {run_dir} again")
+    return target / WHOLE_GAMES
 
 
 def _episodes_logged(run_dir: Path) -> dict[int, int]:
@@ -280,8 +302,9 @@ def _stale_figures(figures: dict, figures_dir: Path) -> list[Path]:
 
 def game_run(record_dir: Path) -> GameRun:
     config, summary = _config(record_dir), _json(record_dir / "summary.json")
+    whole = _json(record_dir / WHOLE_GAMES)["mean"] if (record_dir / WHOLE_GAMES).is_file() else None
     return GameRun(game_of(config["env"]["id"]), int(config["run"]["seed"]), curve(record_dir),
-                   summary.get("env_steps"), return_at_epsilon(summary))
+                   summary.get("env_steps"), return_at_epsilon(summary), whole)
 
 
 def return_at_epsilon(summary: dict) -> float | None:
@@ -311,7 +334,9 @@ def _steps(env_steps: int | None) -> str:
 GAMES_HEAD = ["game", "last evaluation (each seed)", "mean", "best (each seed)", "env steps (each seed)", "random",
               "random here", "human", "Dopamine DQN", "Dopamine Rainbow", "human-normalised", "at or above Rainbow",
               "Rainbow at the same env steps (each seed)", "seeds at or above it",
-              "training episodes at metrics.return_epsilon, mean at the end (each seed)"]
+              "training episodes at metrics.return_epsilon, mean at the end (each seed)",
+              "final weights in whole games (each seed)", "their mean: at or above Rainbow"]
+OPTIONAL = 3   # the last columns of GAMES_HEAD, each left out of a table where no run has it
 # A benchmark's random.csv (benchmarks/random_scores.py --csv): the random policy's scores, played as its runs evaluate.
 RANDOM_CSV = "random.csv"
 RANDOM_COLUMNS = ("game", "config", "episodes", "mean", "std", "min", "max")
@@ -375,8 +400,19 @@ def games_rows(runs: list[GameRun], games: list[str], link=None,
             "-" if rainbow is None else " / ".join(_score(value) for value in alongside),
             "-" if rainbow is None else f"{level_or_above} of {len(of_game)}",
             "-" if all(r.at_epsilon is None for r in of_game) else
-            " / ".join(_score(r.at_epsilon) for r in of_game)])
+            " / ".join(_score(r.at_epsilon) for r in of_game),
+            *_whole_games_cells(of_game, rainbow)])
     return rows, _atari5_line(runs, means)
+
+
+def _whole_games_cells(of_game: list[GameRun], rainbow: float | None) -> list[str]:
+    """Each seed's final weights in whole games, and the mean of the seeds that have them against Rainbow's."""
+    played = [r.whole_games for r in of_game if r.whole_games is not None]
+    if not played:
+        return ["-", "-"]
+    mean = sum(played) / len(played)
+    return [" / ".join(_score(r.whole_games) for r in of_game),
+            _score(mean) + ("" if rainbow is None else f" ({'yes' if mean >= rainbow else 'no'})")]
 
 
 def _atari5_line(runs: list[GameRun], means: dict[str, float]) -> str:
@@ -390,8 +426,13 @@ def _atari5_line(runs: list[GameRun], means: dict[str, float]) -> str:
         last = {r.game: r.points[-1].mean for r in runs if r.seed == seed and r.points}
         if all(g in last for g in ref.ATARI5):
             by_seed.append(f"seed {seed} {ref.atari5_median(last):.1f}%")
+    whole = {g: [r.whole_games for r in runs if r.game == g and r.whole_games is not None] for g in ref.ATARI5}
+    in_whole_games = "" if not all(whole.values()) else (
+        f"; from the means of the final weights in whole games "
+        f"{ref.atari5_median({g: sum(v) / len(v) for g, v in whole.items()}):.1f}%")
     return (f"Atari-5 estimate of the median human-normalised score over 57 games: "
-            f"{ref.atari5_median(means):.1f}% from the means" + (f" ({', '.join(by_seed)})" if by_seed else ""))
+            f"{ref.atari5_median(means):.1f}% from the means" + (f" ({', '.join(by_seed)})" if by_seed else "") +
+            in_whole_games)
 
 
 def games_text(runs: list[GameRun], games: list[str]) -> str:
@@ -401,9 +442,12 @@ def games_text(runs: list[GameRun], games: list[str]) -> str:
 
 
 def _shown(table: list[list[str]]) -> list[list[str]]:
-    """The table over games (its head first) without the last column, the training episodes at metrics.return_epsilon,
-    where no run has them (the runs before summary.json kept them)."""
-    return table if any(row[-1] != "-" for row in table[1:]) else [row[:-1] for row in table]
+    """The table over games (its head first) without those of its optional last columns that no run has: the training
+    episodes at metrics.return_epsilon (runs before summary.json kept them), the final weights in whole games (runs
+    never played so)."""
+    first = len(table[0]) - OPTIONAL
+    kept = [i for i in range(len(table[0])) if i < first or any(row[i] != "-" for row in table[1:])]
+    return [[row[i] for i in kept] for row in table]
 
 
 def games_markdown(played: dict[Path, GameRun], games: list[str], results: Path,

@@ -241,6 +241,66 @@ def test_the_table_over_games_gives_each_seeds_training_return_at_its_epsilon_wh
     assert results.return_at_epsilon({"returns_at_epsilon": None}) is None is results.return_at_epsilon({})
 
 
+def test_a_recorded_runs_final_weights_play_whole_games_into_its_record_and_the_table_shows_them(store):
+    import torch
+
+    from rl_dqn.config import to_dict
+    from rl_dqn.network import QNetwork
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import whole_games
+    (store / "results/atari_here").mkdir()
+    (store / "results/atari_here/benchmark.yaml").write_text(GAMES_BENCHMARK)
+    run = finished_run(store / "runs", "a-Pong-s1", 1, [(100_000, 300.0, -20.0, 1.0, 10)], "atari_cpu.yaml", "Pong")
+    results.record(run, "atari_here", store / "results")
+    cfg = load_config(run / "config.yaml")
+    torch.manual_seed(0)
+    (run / "checkpoints").mkdir()
+    torch.save({"config": to_dict(cfg), "spec": {"obs_shape": [4, 84, 84], "num_actions": 6},
+                "network": QNetwork.for_env((4, 84, 84), 6, cfg.network, "cpu").state_dict()},
+               run / "checkpoints/checkpoint_000000001.pt")
+    args = [str(run), "--record", "atari_here", "--results", str(store / "results"), "--episodes", "2",
+            "--max-episode-frames", "400"]
+    assert whole_games.main(args) == 0
+    played = json.loads((store / "results/atari_here/a-Pong-s1" / results.WHOLE_GAMES).read_text())
+    assert played["checkpoint"] == "checkpoint_000000001.pt" and played["episodes"] == len(played["scores"]) == 2
+    assert played["max_episode_frames"] == 400 and played["epsilon"] == cfg.eval.epsilon
+    assert played["mean"] == sum(played["scores"]) / 2 and -21 <= played["mean"] <= 21
+    assert results.game_run(store / "results/atari_here/a-Pong-s1").whole_games == played["mean"]
+    text, _ = results.page(store / "results")
+    head = next(line for line in text.splitlines() if line.startswith("| game |"))
+    assert head.endswith("| final weights in whole games (each seed) | their mean: at or above Rainbow |")
+    pong = next(line for line in text.splitlines() if line.startswith("| Pong |"))
+    assert pong.endswith(f"| {played['mean']:.1f} | {played['mean']:.1f} (no) |")
+    # Played once: a second play, a run with no record, and a record of another run of that name are refused.
+    other = finished_run(store / "elsewhere", "a-Pong-s1", 1, [(100_000, 300.0, -20.0, 1.0, 10)], "atari_cpu.yaml",
+                         "Pong")
+    (other / "run.json").write_text(json.dumps({"commit": "fedcba9876543210"}))
+    unrecorded = finished_run(store / "runs", "a-Pong-s2", 2, [(100_000, 300.0, -20.0, 1.0, 10)], "atari_cpu.yaml",
+                              "Pong")
+    for path, error in [(run, "whole_games.json exists; remove it to play"),
+                        (unrecorded, "a-Pong-s2 has no record in"),
+                        (other, "is the record of another run named a-Pong-s1: its run.json differs")]:
+        with pytest.raises(results.ResultsError, match=error):
+            results.whole_games_path(path, "atari_here", store / "results")
+    assert whole_games.main([str(unrecorded), *args[1:]]) == 2
+
+
+def test_the_atari5_estimate_also_comes_from_the_final_weights_in_whole_games_once_each_game_has_them():
+    from rl_dqn import atari_scores as ref
+    point = [results.EvalPoint(100, 1.0, 0.0, 0.0)]
+    runs = [results.GameRun(game, 1, point, 100, None, ref.HUMAN[game]) for game in ref.ATARI5]
+    runs += [results.GameRun(game, 2, point, 100, None, ref.RANDOM[game]) for game in ref.ATARI5]
+    _, line = results.games_rows(runs, list(ref.ATARI5))
+    means = {game: (ref.HUMAN[game] + ref.RANDOM[game]) / 2 for game in ref.ATARI5}
+    assert line.endswith(f"; from the means of the final weights in whole games {ref.atari5_median(means):.1f}%")
+    _, line = results.games_rows(runs[1:], list(ref.ATARI5))   # seed 2 of the first game only: its mean is random's
+    means[next(iter(ref.ATARI5))] = ref.RANDOM[next(iter(ref.ATARI5))]
+    assert line.endswith(f"{ref.atari5_median(means):.1f}%")
+    _, line = results.games_rows([r._replace(whole_games=None) if r.game == "Qbert" else r for r in runs],
+                                 list(ref.ATARI5))
+    assert "whole games" not in line
+
+
 def test_the_repositorys_results_page_is_the_one_its_records_give():
     """docs/results.md is `python -m rl_dqn.results`'s output from results/ (the figures come with it)."""
     result = subprocess.run([sys.executable, "-m", "rl_dqn.results", "--check"], cwd=ROOT, capture_output=True,
