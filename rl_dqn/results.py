@@ -7,13 +7,14 @@
 
 A record is what a reported result rests on, small enough to commit: the config as the run ran it (config.yaml), its
 code and machine (run.json), its summary (summary.json) and its evaluation curve (eval.csv: env steps, seconds from
-launch, mean score, its standard deviation over the round's episodes, episodes). A benchmark is a folder of records with
-a benchmark.yaml (its title, what it measures, the command that runs a seed, the scores its table times, notes on
-records; for a change tried on a config over games, `against`: the config's benchmark, read env step for env step) and,
-for runs reported before records existed, an earlier.md whose table the page shows as it is, marked as such, until
-re-runs replace it. The page has one section per benchmark: a table with a row per record, linked to it, and a figure of
-every record's curve drawn by rl_dqn.plot (for a change read against a base, against env steps beside the base's seeds,
-and with `by_minutes` also against wall minutes).
+launch, mean score, its standard deviation over the round's episodes, episodes), and where its evaluation cut episodes
+short, its final weights' scores in whole games (whole_games.json, benchmarks/whole_games.py). A benchmark is a folder
+of records with a benchmark.yaml (its title, what it measures, the command that runs a seed, the scores its table times,
+notes on records; for a change tried on a config over games, `against`: the config's benchmark, read env step for env
+step) and, for runs reported before records existed, an earlier.md whose table the page shows as it is, marked as such,
+until re-runs replace it. The page has one section per benchmark: a table with a row per record, linked to it, and a
+figure of every record's curve drawn by rl_dqn.plot (for a change read against a base, against env steps beside the
+base's seeds, and with `by_minutes` also against wall minutes).
 """
 
 from __future__ import annotations
