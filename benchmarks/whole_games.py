@@ -24,13 +24,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rl_dqn import checkpoints  # noqa: E402
-from envs import EnvError  # noqa: E402
+from envs import EnvConfig, EnvError  # noqa: E402
 from rl_dqn.config import ConfigError, load_config  # noqa: E402
 from rl_dqn.evaluate import evaluate  # noqa: E402
 from rl_dqn.results import RESULTS, ResultsError, whole_games_path  # noqa: E402
 from rl_dqn.system import code_version, machine  # noqa: E402
 
-ALE_V5_FRAMES = 108_000   # ALE v5's episode limit: 30 minutes of play at 60 frames a second
+ALE_V5_FRAMES = EnvConfig.max_episode_frames   # the envs' own limit, ALE v5's: 30 minutes of play
 
 
 def main(argv: list[str] | None = None) -> int:
