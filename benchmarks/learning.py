@@ -2,7 +2,7 @@
 to reach each score, and where the wall time went.
 
     python benchmarks/learning.py CONFIG [--seeds 1,2,3] [--games Qbert,Pong] [--minutes 10] [--stop-at 18]
-                                  [--scores 0,10,18] [--prefix NAME] [--record BENCHMARK]
+                                  [--scores 0,10,18] [--prefix NAME] [--record BENCHMARK [--whole-games N]]
                                   [--kill-collector-at MIN | --kill-collector-at-env-steps N]
                                   [--kill-learner-at MIN | --kill-learner-at-env-steps N] [--downtime S]
                                   [section.key=value ...]
@@ -20,7 +20,8 @@ it, so start-up and evaluation are inside it.
 named <prefix>-<Game>-s<seed>, and ends with a table of the games: each seed's last evaluation (the score at the time
 limit) and best, beside the random and human scores and Dopamine's DQN and Rainbow at 10M frames, the mean's
 human-normalised score, and the Atari-5 estimate of the 57-game median once its five games have run
-(rl_dqn/atari_scores.py).
+(rl_dqn/atari_scores.py). With `--whole-games N` (and `--record`), each recorded run's final weights then play N
+whole games into its record, as benchmarks/whole_games.py does, and the table gives their scores too.
 
 A run that is refused (exit code 2: a config error, a resume with no checkpoint to resume from), or that fails by
 itself (its learner died without a summary, or ended on an error), is not resumed: this script resumes only the
@@ -70,8 +71,10 @@ sys.path.insert(0, str(ROOT))
 
 from rl_dqn.console import LAUNCHED_AT_ENV, duration  # noqa: E402
 from rl_dqn.plot import EvalPoint, PlotError, first_reaching, load_events, read_evals, score_list, table  # noqa: E402
-from rl_dqn.results import RESULTS, GameRun, ResultsError, games_text, return_at_epsilon, record  # noqa: E402
+from rl_dqn.results import (RESULTS, WHOLE_GAMES, GameRun, ResultsError, games_text, record,  # noqa: E402
+                            return_at_epsilon)
 from rl_dqn.supervisor import EXIT_BAD_INPUT  # noqa: E402
+import whole_games  # noqa: E402  (benchmarks/whole_games.py, beside this script)
 
 POLL_S = 10.0
 KILL_POLL_S = 0.5   # while a kill at a number of env steps is pending: a fraction of the usual metrics.interval_s
@@ -353,6 +356,10 @@ def main() -> int:
     parser.add_argument("--record", default="", metavar="BENCHMARK",
                         help="keep each seed that ran to its end or its time limit as a record in "
                              "results/BENCHMARK/ (python -m rl_dqn.results), from which docs/results.md is made")
+    parser.add_argument("--results", type=Path, default=RESULTS, help=argparse.SUPPRESS)   # tests' own folder
+    parser.add_argument("--whole-games", type=int, default=0, metavar="N",
+                        help="with --record: each recorded run's final weights then play N whole games into its "
+                             "record (benchmarks/whole_games.py; default 0, none)")
     parser.add_argument("--prefix", default="", help="run names are <prefix>-s<seed> (default: the config's name "
                                                      "and the time)")
     args = parser.parse_intermixed_args()
@@ -374,9 +381,12 @@ def main() -> int:
              [*args.overrides, f"env.id=ALE/{game}-v5"] if game else args.overrides)
             for game in games or [None] for seed in seeds]
     # A run there would be refused (exit code 2), and so resumed, and timed, as if it were this seed's.
-    if args.record and not (RESULTS / args.record / "benchmark.yaml").is_file():
-        parser.error(f"--record {args.record}: no such benchmark in {_shown(RESULTS)} (a folder with a "
+    if args.record and not (args.results / args.record / "benchmark.yaml").is_file():
+        parser.error(f"--record {args.record}: no such benchmark in {_shown(args.results)} (a folder with a "
                      f"benchmark.yaml)")
+    if args.whole_games < 0 or (args.whole_games and not args.record):
+        parser.error(f"--whole-games must be >= 0 and needs --record (its scores go into the run's record), got "
+                     f"--whole-games {args.whole_games}" + ("" if args.record else " without --record"))
     taken = [folder for name, *_ in plan if _holds_a_run(folder := runs_dir() / name)]
     if taken:
         parser.exit(2, f"{parser.prog}: error: {', '.join(map(_shown, taken))} already "
@@ -413,9 +423,19 @@ def main() -> int:
         print(f"  {duration(wall)} from launch to exit; " + where_time_went(folder), flush=True)
         if args.record and not interrupted and not outcome.failed:
             try:
-                print(f"  recorded {_shown(record(folder, args.record))}", flush=True)
+                print(f"  recorded {_shown(record(folder, args.record, args.results))}", flush=True)
             except ResultsError as e:
                 print(f"  not recorded: {e}", flush=True)
+            else:
+                if args.whole_games:   # its final weights in whole games; their own line says how they scored
+                    try:
+                        failed |= whole_games.main([str(folder), "--record", args.record, "--results",
+                                                    str(args.results), "--episodes", str(args.whole_games)]) != 0
+                    except KeyboardInterrupt:   # Ctrl-C or SIGTERM: nothing written, and no further seed runs
+                        print(f"  interrupted while its final weights played whole games: none kept, no further "
+                              f"seed runs; python benchmarks/whole_games.py {_shown(folder)} --record "
+                              f"{args.record} plays them", flush=True)
+                        interrupted = True
         if faults.collector or faults.learner:
             # The run's clock leaves out the time between the learner's death and the resumed launch.
             for score in args.scores:
@@ -430,7 +450,8 @@ def main() -> int:
     print()
     print(table(results, args.scores))
     if games:
-        played = [GameRun(game, seed, results[name], *_summary_figures(runs_dir() / name))
+        played = [GameRun(game, seed, results[name], *_summary_figures(runs_dir() / name),
+                          whole_games=_whole_games(args.results / args.record / name) if args.record else None)
                   for name, game, seed, _ in plan if name in results]
         print()
         print(games_text(played, games))
@@ -465,6 +486,12 @@ def _summary_figures(run_dir: Path) -> tuple[int | None, float | None]:
     except (OSError, ValueError):
         return None, None
     return summary.get("env_steps"), return_at_epsilon(summary)
+
+
+def _whole_games(record_dir: Path) -> float | None:
+    """The mean score of a record's final weights in whole games, None where they were not played."""
+    path = record_dir / WHOLE_GAMES
+    return json.loads(path.read_text())["mean"] if path.is_file() else None
 
 
 def _kill_at(parser: argparse.ArgumentParser, args, role: str) -> Kill | None:

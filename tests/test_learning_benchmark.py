@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rl_dqn.atari_scores import DOPAMINE_RAINBOW
 from rl_dqn.plot import read_evals
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -216,17 +217,30 @@ def test_a_run_that_ends_at_its_own_stop_score_ends_kills_nothing_and_the_next_g
     and the benchmark stopped nothing), it ends with its time to the score, it is not taken for a crash (nothing
     resumed), and the next run, the next of --games, runs. Each run ends long before the learner's kill at 4 minutes
     and never reaches the collector's at 50,000 env steps: the benchmark says so for each, kills nothing and does
-    not wait for the kill's time. The games' table ends the output. (A run that ended at its train.total_env_steps
-    is not resumed either: test_the_learning_benchmark_kills_resumes_and_reports_time_to_a_score.)"""
+    not wait for the kill's time. Each run is recorded, and its final weights then play a whole game into its
+    record (--whole-games). The games' table ends the output, with the whole games' scores. (A run that ended at its
+    train.total_env_steps is not resumed either: test_the_learning_benchmark_kills_resumes_and_reports_time_to_a_score.)
+    """
+    store = tmp_path / "results"
+    (store / "games").mkdir(parents=True)
+    (store / "games/benchmark.yaml").write_text("title: Games\nabout: Games.\ncommand: python benchmarks/learning.py "
+                                                "configs/smoke.yaml --games Pong,Breakout\ngames: [Pong, Breakout]\n")
     started = time.monotonic()
     result = subprocess.run(
         [*BENCHMARK, "--prefix", "own", "--games", "Pong,Breakout", "--minutes", "6", "--kill-learner-at", "4",
-         "--kill-collector-at-env-steps", "50000", "--downtime", "2", "--scores", "-21",
+         "--kill-collector-at-env-steps", "50000", "--downtime", "2", "--scores", "-21", "--record", "games",
+         "--results", str(store), "--whole-games", "1",
          "train.total_env_steps=1000000", "eval.stop_score=-21", "eval.video=false", *ONE, *SOON],
         cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=400)
     out = result.stdout
     assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
     assert time.monotonic() - started < 4 * 60, out
+    played = {game: json.loads((store / f"games/own-{game}-s1/whole_games.json").read_text())
+              for game in ("Pong", "Breakout")}
+    for game, whole in played.items():
+        assert whole["episodes"] == len(whole["scores"]) == 1 and whole["max_episode_frames"] == 108_000, whole
+        assert f"own-{game}-s1: {whole['mean']:.2f} +- 0.00 over 1 episodes cut at 108,000 frames" in out, out
+    assert -21 <= played["Pong"]["mean"] <= 21 and played["Breakout"]["mean"] >= 0, played
     assert "stopping the run" not in out, out
     assert "resuming it in" not in out and "run.resume=true" not in out and "Traceback" not in result.stderr, out
     assert len(re.findall(r"the run ended \S+ from launch: an evaluation reached its eval.stop_score", out)) == 2, out
@@ -241,11 +255,16 @@ def test_a_run_that_ends_at_its_own_stop_score_ends_kills_nothing_and_the_next_g
         assert summary["ended"] == "stop_score" and 0 < summary["env_steps"] < 1_000_000, summary
         assert yaml.safe_load((run / "config.yaml").read_text())["env"]["id"] == f"ALE/{game}-v5"
         _assert_evaluated(run)
-    rows = [line for line in out.splitlines() if line.startswith("own-")]   # the table: each run's time to -21
+    rows = [line for line in out.splitlines() if re.match(r"own-\S+ +\d+ ", line)]   # the table: each run's time to -21
     assert [row.split()[0] for row in rows] == ["own-Pong-s1", "own-Breakout-s1"] and "not reached" not in "".join(
         rows), out
-    games = out[out.index("\ngame ") + 1:].splitlines()[1:]   # the rows under its head
+    head, *games = out[out.index("\ngame ") + 1:].splitlines()
+    assert head.rstrip().endswith("final weights in whole games (each seed)  their mean: at or above Rainbow"), out
     assert [row.split()[0] for row in games[:2]] == ["Pong", "Breakout"], out
+    for row, (game, whole) in zip(games, played.items()):   # one seed: its score, then the mean against Rainbow's
+        shown = f"{whole['mean']:.1f}"
+        above = "yes" if whole["mean"] >= DOPAMINE_RAINBOW[game] else "no"
+        assert row.split()[-3:] == [shown, shown, f"({above})"], row
     assert games[2] == ("Atari-5 estimate of the median human-normalised score over 57 games: not yet (no run of "
                         "BattleZone, DoubleDunk, NameThisGame, Phoenix, Qbert)"), out
 
