@@ -49,12 +49,19 @@ def test_smoke_run_end_to_end(smoke):
     for tag in TAGS:
         assert values.get(tag), f"TensorBoard tag {tag} holds no value"
     assert all(-21 <= r <= 21 for r in values["collector/episode_return"])   # raw Pong scores
-    # The episodes of the env that acts at metrics.return_epsilon (0.4, Ape-X's first of eight) also on their own,
-    # their epsilons having come over RPC with the chunks; all within the summary's window of 250k env steps.
-    at = values["collector/episode_return_at_epsilon"]
-    assert at and all(at.count(r) <= values["collector/episode_return"].count(r) for r in at)
+    # The episodes of the env that acts at metrics.return_epsilon (0.4, Ape-X's first of eight, collector0's first)
+    # also on their own, their epsilons having come over RPC with the chunks; all within the summary's window of 250k
+    # env steps. Its first episode ends at env.max_episode_frames, which it reaches unless collector0 took less than
+    # its share of the run's env steps.
+    at = values.get("collector/episode_return_at_epsilon", [])
+    cfg = load_config(run_dir / "config.yaml")
+    if summary["collectors"]["collector0"]["env_steps"] // cfg.env.envs_per_collector >= \
+            cfg.env.max_episode_frames // cfg.env.frame_skip:
+        assert at, "the env at metrics.return_epsilon ran a whole episode, and none was logged"
+    assert all(at.count(r) <= values["collector/episode_return"].count(r) for r in at)
     assert summary["returns_at_epsilon"] == {"epsilon": 0.4, "env_steps": 250_000, "from_env_steps": 0,
-                                             "episodes": len(at), "mean": pytest.approx(sum(at) / len(at))}
+                                             "episodes": len(at), "mean": pytest.approx(sum(at) / len(at)) if at
+                                             else None}
     # Evaluation every 1,000 env steps in its own process: raw scores of whole (time-limited) episodes.
     assert values.get("eval/episode_return") and values.get("eval/episode_return_vs_seconds")
     assert all(-21 <= r <= 21 for r in values["eval/episode_return"])
