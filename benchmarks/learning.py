@@ -71,8 +71,8 @@ sys.path.insert(0, str(ROOT))
 
 from rl_dqn.console import LAUNCHED_AT_ENV, duration  # noqa: E402
 from rl_dqn.plot import EvalPoint, PlotError, first_reaching, load_events, read_evals, score_list, table  # noqa: E402
-from rl_dqn.results import (RESULTS, WHOLE_GAMES, GameRun, ResultsError, games_text, record,  # noqa: E402
-                            return_at_epsilon)
+from rl_dqn.results import (RESULTS, GameRun, ResultsError, games_text, record, return_at_epsilon,  # noqa: E402
+                            whole_games_mean)
 from rl_dqn.supervisor import EXIT_BAD_INPUT  # noqa: E402
 import whole_games  # noqa: E402  (benchmarks/whole_games.py, beside this script)
 
@@ -451,7 +451,7 @@ def main() -> int:
     print(table(results, args.scores))
     if games:
         played = [GameRun(game, seed, results[name], *_summary_figures(runs_dir() / name),
-                          whole_games=_whole_games(args.results / args.record / name) if args.record else None)
+                          whole_games=whole_games_mean(args.results / args.record / name) if args.record else None)
                   for name, game, seed, _ in plan if name in results]
         print()
         print(games_text(played, games))
@@ -486,12 +486,6 @@ def _summary_figures(run_dir: Path) -> tuple[int | None, float | None]:
     except (OSError, ValueError):
         return None, None
     return summary.get("env_steps"), return_at_epsilon(summary)
-
-
-def _whole_games(record_dir: Path) -> float | None:
-    """The mean score of a record's final weights in whole games, None where they were not played."""
-    path = record_dir / WHOLE_GAMES
-    return json.loads(path.read_text())["mean"] if path.is_file() else None
 
 
 def _kill_at(parser: argparse.ArgumentParser, args, role: str) -> Kill | None:

@@ -303,9 +303,15 @@ def _stale_figures(figures: dict, figures_dir: Path) -> list[Path]:
 
 def game_run(record_dir: Path) -> GameRun:
     config, summary = _config(record_dir), _json(record_dir / "summary.json")
-    whole = _json(record_dir / WHOLE_GAMES)["mean"] if (record_dir / WHOLE_GAMES).is_file() else None
     return GameRun(game_of(config["env"]["id"]), int(config["run"]["seed"]), curve(record_dir),
-                   summary.get("env_steps"), return_at_epsilon(summary), whole)
+                   summary.get("env_steps"), return_at_epsilon(summary), whole_games_mean(record_dir))
+
+
+def whole_games_mean(record_dir: Path) -> float | None:
+    """The mean score of a record's final weights in whole games (whole_games.json), None where they were not
+    played."""
+    path = record_dir / WHOLE_GAMES
+    return _json(path)["mean"] if path.is_file() else None
 
 
 def return_at_epsilon(summary: dict) -> float | None:
