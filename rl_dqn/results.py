@@ -11,7 +11,7 @@ launch, mean score, its standard deviation over the round's episodes, episodes),
 short, its final weights' scores in whole games (whole_games.json, benchmarks/whole_games.py). A benchmark is a folder
 of records with a benchmark.yaml (its title, what it measures, the command that runs a seed, the scores its table times,
 notes on records; for a change tried on a config over games, `against`: the config's benchmark, read env step for env
-step) and, for runs reported before records existed, an earlier.md whose table the page shows as it is, marked as such,
+step, and for a change that acts only late in a run, `acts_from_env_steps`: where its rounds are split) and, for runs reported before records existed, an earlier.md whose table the page shows as it is, marked as such,
 until re-runs replace it. The page has one section per benchmark: a table with a row per record, linked to it, and a
 figure of every record's curve drawn by rl_dqn.plot (for a change read against a base, against env steps beside the
 base's seeds, and with `by_minutes` also against wall minutes).
@@ -62,6 +62,8 @@ class Benchmark(NamedTuple):
     games: list[str] = []  # a benchmark over Atari games (records told apart by env.id): the games, in table order
     against: str | None = None  # a candidate change's benchmark: the benchmark whose records it is read against
     by_minutes: bool = False  # read against a base: its own seeds also drawn against wall minutes (a final table)
+    acts_from: int | None = None  # a change that acts only from these env steps on (a schedule that starts there):
+                                  # read against its base before them, where it is the base, and after them apart
 
 
 class GameRun(NamedTuple):
@@ -151,7 +153,9 @@ def benchmarks(results: Path = RESULTS) -> list[Benchmark]:
                                    [float(s) for s in data.get("scores", [])], data.get("target"),
                                    int(data.get("order", 100)), dict(data.get("notes") or {}),
                                    [str(g) for g in data.get("games") or []], data.get("against"),
-                                   bool(data.get("by_minutes", False))))
+                                   bool(data.get("by_minutes", False)),
+                                   None if data.get("acts_from_env_steps") is None
+                                   else int(data["acts_from_env_steps"])))
         except (yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as e:
             raise ResultsError(f"{path}: {type(e).__name__}: {e}") from None
     return sorted(found, key=lambda b: (b.order, b.name))
@@ -471,14 +475,18 @@ def games_markdown(played: dict[Path, GameRun], games: list[str], results: Path,
             *["| " + " | ".join(row) + " |" for row in rows], "", atari5]
 
 
-def against_rows(runs: list[GameRun], base: list[GameRun], games: list[str],
-                 every: int) -> tuple[list[list[str]], str]:
+def against_rows(runs: list[GameRun], base: list[GameRun], games: list[str], every: int,
+                 acts_from: int | None = None) -> tuple[list[list[str]], str]:
     """A candidate's runs (`runs`) against its base's (`base`) env step for env step, so that runs on machines of
     different speeds compare where their 30-minute scores cannot: for each game both ran, the evaluations at
     the same env steps (rounds every `every` env steps, matched by their number; a game's several seeds averaged
     where all of them have the round), the mean score over those rounds on each side, the difference of those means
     in human-normalised points, and in how many of the rounds the candidate scored more. The line after: on how many
-    games it is ahead, and the Atari-5 estimate from each side's mean scores over the rounds compared."""
+    games it is ahead, and the Atari-5 estimate from each side's mean scores over the rounds compared.
+
+    With `acts_from` (a change that acts only after so many env steps), each game has two rows, the rounds up to
+    then and those after: up to then the candidate's runs are the base's config, so their lead there is their seeds'
+    own, and the line says on how many games the lead grew after."""
     from rl_dqn import atari_scores as ref
 
     def by_round(of: list[GameRun], game: str) -> dict[int, float]:
@@ -486,7 +494,10 @@ def against_rows(runs: list[GameRun], base: list[GameRun], games: list[str],
         shared = set.intersection(*(set(s) for s in seeds)) if seeds else set()
         return {k: sum(s[k] for s in seeds) / len(seeds) for k in shared}
 
-    rows, ahead, played, means = [], 0, 0, ({}, {})
+    def hns(game: str, score: float) -> float | None:
+        return ref.human_normalized(game, score) if game in ref.RANDOM and game in ref.HUMAN else None
+
+    rows, ahead, played, means, grew, split = [], 0, 0, ({}, {}), 0, 0
     for game in _game_order([*runs, *base], games):
         mine, theirs = by_round(runs, game), by_round(base, game)
         common = sorted(set(mine) & set(theirs))
@@ -496,15 +507,25 @@ def against_rows(runs: list[GameRun], base: list[GameRun], games: list[str],
         mean = sum(mine[k] for k in common) / len(common), sum(theirs[k] for k in common) / len(common)
         means[0][game], means[1][game] = mean
         ahead += mean[0] > mean[1]
-        known = game in ref.RANDOM and game in ref.HUMAN
-        rows.append([game, f"{len(common)}, {_steps(common[0] * every)} to {_steps(common[-1] * every)}",
-                     _score(mean[0]), _score(mean[1]),
-                     f"{ref.human_normalized(game, mean[0]) - ref.human_normalized(game, mean[1]):+.1f}" if known
-                     else "-",
-                     f"{sum(mine[k] > theirs[k] for k in common)} of {len(common)}"])
+        phases = [common] if acts_from is None else [[k for k in common if k * every <= acts_from],
+                                                     [k for k in common if k * every > acts_from]]
+        leads = []
+        for rounds in (phase for phase in phases if phase):
+            side = sum(mine[k] for k in rounds) / len(rounds), sum(theirs[k] for k in rounds) / len(rounds)
+            lead = (hns(game, side[0]) - hns(game, side[1])) if hns(game, 0.0) is not None else side[0] - side[1]
+            leads.append(lead)
+            rows.append([game, f"{len(rounds)}, {_steps(rounds[0] * every)} to {_steps(rounds[-1] * every)}",
+                         _score(side[0]), _score(side[1]), f"{lead:+.1f}" if hns(game, 0.0) is not None else "-",
+                         f"{sum(mine[k] > theirs[k] for k in rounds)} of {len(rounds)}"])
+        if acts_from is not None and len(leads) == 2:
+            split += 1
+            grew += leads[1] > leads[0]
     if not rows:
         return rows, "No game has evaluations at the same env steps on both sides yet."
     line = f"Ahead here, over the rounds compared, on {ahead} of {played} games."
+    if acts_from is not None:
+        line += (f" The change acts after {_steps(acts_from)} env steps: the runs' lead over the base's mean grew after "
+                 f"it on {grew} of {split} games with rounds on both sides (before it, their lead is their seeds' own).")
     if all(g in means[0] for g in ref.ATARI5):
         line += (f" The Atari-5 estimate from those mean scores: {ref.atari5_median(means[0]):.1f}% against "
                  f"{ref.atari5_median(means[1]):.1f}%.")
@@ -526,7 +547,7 @@ def _against_markdown(bench: Benchmark, base: Benchmark, runs: list[GameRun], ba
     if every <= 0:
         raise ResultsError(f"{results / bench.name}: its runs have no evaluation period (eval.every_env_steps "
                            f"{every}) to match rounds by")
-    rows, line = against_rows(runs, based, bench.games, every)
+    rows, line = against_rows(runs, based, bench.games, every, bench.acts_from)
     head = ["game", "evaluations compared", "mean score here", f"mean score of {base.name}",
             "difference, human-normalised", "ahead here"]
     return [f"Env step for env step against [{base.title}](#{_anchor(base.title)}): the evaluations both ran at the "

@@ -210,6 +210,35 @@ def test_a_candidate_is_read_against_its_base_at_the_same_env_steps_whatever_its
         results.page(store / "results")
 
 
+def test_a_change_that_acts_late_is_read_before_and_after_it_acts(store):
+    from rl_dqn import atari_scores as ref
+    for name, extra in (("atari_base", ""), ("atari_late", "against: atari_base\nacts_from_env_steps: 200000\n")):
+        (store / "results" / name).mkdir()
+        (store / "results" / name / "benchmark.yaml").write_text(GAMES_BENCHMARK.replace("atari_here", name) + extra)
+    # Pong's run is ahead by 5 up to 200k env steps (its seed's luck: the config is the base's there) and by 7.5
+    # after; Qbert's by 1,000 before and by 500 after.
+    base = {"Pong": [-5.0, 0.0, 5.0, 10.0], "Qbert": [1000.0, 2000.0, 3000.0, 4000.0]}
+    late = {"Pong": [0.0, 5.0, 10.0, 20.0], "Qbert": [2000.0, 3000.0, 3500.0, 4500.0]}
+    for name, scores in (("atari_base", base), ("atari_late", late)):
+        for game, means in scores.items():
+            rounds = [(100_000 * (i + 1) + 96 * i, 150.0 * (i + 1), m, 1.0, 10) for i, m in enumerate(means)]
+            results.record(finished_run(store / "runs" / name, f"x-{game}-s1", 1, rounds, "atari_cpu.yaml", game),
+                           name, store / "results")
+    runs = [results.game_run(f) for f in (store / "results/atari_late").glob("x-*")]
+    based = [results.game_run(f) for f in (store / "results/atari_base").glob("x-*")]
+    rows, line = results.against_rows(runs, based, ["Pong", "Qbert"], 100_000, 200_000)
+    lead = lambda game, mine, theirs: f"{ref.human_normalized(game, mine) - ref.human_normalized(game, theirs):+.1f}"
+    assert rows == [["Pong", "2, 100k to 200k", "2.5", "-2.5", lead("Pong", 2.5, -2.5), "2 of 2"],
+                    ["Pong", "2, 300k to 400k", "15.0", "7.5", lead("Pong", 15.0, 7.5), "2 of 2"],
+                    ["Qbert", "2, 100k to 200k", "2,500", "1,500", lead("Qbert", 2500, 1500), "2 of 2"],
+                    ["Qbert", "2, 300k to 400k", "4,000", "3,500", lead("Qbert", 4000, 3500), "2 of 2"]]
+    assert line == ("Ahead here, over the rounds compared, on 2 of 2 games. The change acts after 200k env steps: "
+                    "the runs' lead over the base's mean grew after it on 1 of 2 games with rounds on both sides "
+                    "(before it, their lead is their seeds' own).")
+    text, _ = results.page(store / "results")
+    assert "| Pong | 2, 300k to 400k | 15.0 | 7.5 |" in text and "grew after it on 1 of 2 games" in text
+
+
 def test_the_atari5_estimate_comes_from_each_seed_that_ran_all_five_games_and_from_the_means():
     from rl_dqn import atari_scores as ref
     human = {game: ref.HUMAN[game] for game in ref.ATARI5}
