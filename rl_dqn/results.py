@@ -11,8 +11,9 @@ launch, mean score, its standard deviation over the round's episodes, episodes),
 short, its final weights' scores in whole games (whole_games.json, benchmarks/whole_games.py). A benchmark is a folder
 of records with a benchmark.yaml (its title, what it measures, the command that runs a seed, the scores its table times,
 notes on records; for a change tried on a config over games, `against`: the config's benchmark, read env step for env
-step, and for a change that acts only late in a run, `acts_from_env_steps`: where its rounds are split) and, for runs reported before records existed, an earlier.md whose table the page shows as it is, marked as such,
-until re-runs replace it. The page has one section per benchmark: a table with a row per record, linked to it, and a
+step, and for a change that acts only late in a run, `acts_from_env_steps`: where its rounds are split) and, for runs
+reported before records existed, an earlier.md whose table the page shows as it is, marked as such, until re-runs
+replace it. The page has one section per benchmark: a table with a row per record, linked to it, and a
 figure of every record's curve drawn by rl_dqn.plot (for a change read against a base, against env steps beside the
 base's seeds, and with `by_minutes` also against wall minutes).
 """
@@ -524,8 +525,9 @@ def against_rows(runs: list[GameRun], base: list[GameRun], games: list[str], eve
         return rows, "No game has evaluations at the same env steps on both sides yet."
     line = f"Ahead here, over the rounds compared, on {ahead} of {played} games."
     if acts_from is not None:
-        line += (f" The change acts after {_steps(acts_from)} env steps: the runs' lead over the base's mean grew after "
-                 f"it on {grew} of {split} games with rounds on both sides (before it, their lead is their seeds' own).")
+        line += (f" The change acts after {_steps(acts_from)} env steps: the runs' lead over the base's mean grew "
+                 f"after it on {grew} of {split} games with rounds on both sides (before it, their lead is their "
+                 f"seeds' own).")
     if all(g in means[0] for g in ref.ATARI5):
         line += (f" The Atari-5 estimate from those mean scores: {ref.atari5_median(means[0]):.1f}% against "
                  f"{ref.atari5_median(means[1]):.1f}%.")
