@@ -495,9 +495,6 @@ def against_rows(runs: list[GameRun], base: list[GameRun], games: list[str], eve
         shared = set.intersection(*(set(s) for s in seeds)) if seeds else set()
         return {k: sum(s[k] for s in seeds) / len(seeds) for k in shared}
 
-    def hns(game: str, score: float) -> float | None:
-        return ref.human_normalized(game, score) if game in ref.RANDOM and game in ref.HUMAN else None
-
     rows, ahead, played, means, grew, split = [], 0, 0, ({}, {}), 0, 0
     for game in _game_order([*runs, *base], games):
         mine, theirs = by_round(runs, game), by_round(base, game)
@@ -508,15 +505,17 @@ def against_rows(runs: list[GameRun], base: list[GameRun], games: list[str], eve
         mean = sum(mine[k] for k in common) / len(common), sum(theirs[k] for k in common) / len(common)
         means[0][game], means[1][game] = mean
         ahead += mean[0] > mean[1]
+        known = game in ref.RANDOM and game in ref.HUMAN   # else the lead is told in raw score
         phases = [common] if acts_from is None else [[k for k in common if k * every <= acts_from],
                                                      [k for k in common if k * every > acts_from]]
         leads = []
         for rounds in (phase for phase in phases if phase):
             side = sum(mine[k] for k in rounds) / len(rounds), sum(theirs[k] for k in rounds) / len(rounds)
-            lead = (hns(game, side[0]) - hns(game, side[1])) if hns(game, 0.0) is not None else side[0] - side[1]
+            lead = (ref.human_normalized(game, side[0]) - ref.human_normalized(game, side[1]) if known
+                    else side[0] - side[1])
             leads.append(lead)
             rows.append([game, f"{len(rounds)}, {_steps(rounds[0] * every)} to {_steps(rounds[-1] * every)}",
-                         _score(side[0]), _score(side[1]), f"{lead:+.1f}" if hns(game, 0.0) is not None else "-",
+                         _score(side[0]), _score(side[1]), f"{lead:+.1f}" if known else "-",
                          f"{sum(mine[k] > theirs[k] for k in rounds)} of {len(rounds)}"])
         if acts_from is not None and len(leads) == 2:
             split += 1
