@@ -502,7 +502,10 @@ def against_rows(runs: list[GameRun], base: list[GameRun], games: list[str], eve
         if not common:
             continue
         played += 1
-        mean = sum(mine[k] for k in common) / len(common), sum(theirs[k] for k in common) / len(common)
+        def sides(rounds: list[int]) -> tuple[float, float]:
+            return sum(mine[k] for k in rounds) / len(rounds), sum(theirs[k] for k in rounds) / len(rounds)
+
+        mean = sides(common)
         means[0][game], means[1][game] = mean
         ahead += mean[0] > mean[1]
         known = game in ref.RANDOM and game in ref.HUMAN   # else the lead is told in raw score
@@ -510,7 +513,7 @@ def against_rows(runs: list[GameRun], base: list[GameRun], games: list[str], eve
                                                      [k for k in common if k * every > acts_from]]
         leads = []
         for rounds in (phase for phase in phases if phase):
-            side = sum(mine[k] for k in rounds) / len(rounds), sum(theirs[k] for k in rounds) / len(rounds)
+            side = sides(rounds)
             lead = (ref.human_normalized(game, side[0]) - ref.human_normalized(game, side[1]) if known
                     else side[0] - side[1])
             leads.append(lead)
