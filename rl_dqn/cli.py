@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "worker":
         args.overrides = [*args.overrides, "collectors.count=1"]   # a process is one role
+    _stacks_on_crash()
     try:
         cfg = load_config(args.config, args.overrides)
         if args.command != "local" and not cfg.cluster.single_node:
@@ -362,6 +363,15 @@ def _stop_on_signals() -> threading.Event:
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, handler)
     return stop
+
+
+def _stacks_on_crash() -> None:
+    """A role that dies of a fatal signal (SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL) prints every Python thread's
+    stack on its way out, so that a crash in C++ (TensorPipe, ale-py) says which call it came from."""
+    try:
+        faulthandler.enable(file=sys.stderr, all_threads=True)
+    except (AttributeError, ValueError, OSError):   # stderr is no file (captured)
+        pass
 
 
 def _stacks_later() -> None:

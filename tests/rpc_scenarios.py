@@ -281,6 +281,32 @@ def early_collector(port: int, kind: str, events) -> None:
         transport.close()
 
 
+def slow_forgetting_learner(port: int, kind: str, events) -> None:
+    """Stops its one collector, whose goodbye takes a second to be dropped from this process's RPC agent, and
+    reports whether it left RPC only after that drop had ended (an agent changed while it shuts down can crash)."""
+    from rl_dqn.transport import rpc as rpc_transport
+    cfg = config(port, kind, world_size=2)
+    transport = LearnerTransport(cfg, threading.Event(), place(cfg, 0, torch.cuda.device_count()))
+    forget, leave, forgot = transport.registry.forget, rpc_transport._leave, []
+
+    def slow_forget(name: str) -> None:
+        time.sleep(1.0)
+        forget(name)
+        forgot.append(name)
+
+    def leave_and_report() -> None:
+        events.put(("learner", "left after forgetting", list(forgot)))
+        leave()
+    transport.registry.forget = slow_forget
+    rpc_transport._leave = leave_and_report
+    try:
+        transport.publish(weights(0, kind))
+        _wait(lambda: "collector0" in transport.alive, 30, "collector0 to join")
+        transport.stop_collectors(timeout=10)
+    finally:
+        transport.close()
+
+
 # ------------------------------------------------------------------------------------------------ bad data
 
 

@@ -232,6 +232,20 @@ def test_slurm_script_runs_a_two_node_job(runs, tmp_path):
     assert not processes_of("slurm")
 
 
+def test_a_role_that_crashes_prints_where_each_of_its_threads_was(runs):
+    """A fatal signal in a role (a crash in C++ code: TensorPipe, ale-py) prints every Python thread's stack before
+    the process dies, so that the crash names the call it came from."""
+    port = free_port()
+    learner = Console(launch("learner.sh", "configs/smoke.yaml", f"cluster.init_method=tcp://127.0.0.1:{port}",
+                             "cluster.world_size=2", "cluster.interface=lo", "collectors.count=1", "run.name=crash",
+                             "learner.device=cpu", *LONG))
+    learner.wait_for("waiting for 1 collectors", timeout=90)
+    learner.process.send_signal(signal.SIGSEGV)   # learner.sh execs the learner: this is the learner
+    assert learner.finish(30) == -signal.SIGSEGV
+    assert "Fatal Python error: Segmentation fault" in learner.text, learner.text[-3000:]
+    assert re.search(r'File ".*rl_dqn/learner\.py", line \d+ in run', learner.text), learner.text[-3000:]
+
+
 def test_collector_nodes_join_a_running_learner_whenever_they_come_and_leave_it_on_sigint(runs, monkeypatch):
     """The multi-node launchers on one machine: a learner node (tcp://) and two collector nodes of one collector
     each. The learner listens on its named interface only (loopback here). The first node joins by tcp://. The

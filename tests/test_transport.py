@@ -202,6 +202,16 @@ def test_a_collector_that_joins_before_the_first_publish_gets_those_weights(kind
     assert by[("collector0", "weights")] == (0, True, "cuda:0" if kind == "cuda" else "cpu"), events
 
 
+def test_the_learner_leaves_rpc_only_once_its_agent_has_dropped_the_collectors_that_said_goodbye():
+    """A goodbye takes the collector out of the learner's live set before its RPC agent drops it, on an RPC thread:
+    the learner, which has then seen everyone leave, waits for that drop before it shuts the agent down."""
+    port = free_port()
+    events = run_processes([(rpc_scenarios.slow_forgetting_learner, (port, "cpu")),
+                            (rpc_scenarios.early_collector, (port, "cpu"))])
+    by = {(who, what): value for who, what, value in events}
+    assert by[("learner", "left after forgetting")] == ["collector0"], events
+
+
 def test_a_signal_during_the_learners_wait_does_not_make_it_wait_for_good():
     """The learner's loop waits for chunks with a timeout in the main thread; a signal whose handler runs past that
     timeout (a stop signal on a busy machine) still lets the wait end, so the loop sees the stop."""

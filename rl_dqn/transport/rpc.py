@@ -40,6 +40,7 @@ from rl_dqn.types import Ack, Chunk, Weights
 
 QUIET_S = 5.0          # a peer not heard from for this long is pinged
 JOIN_GRACE_S = 30.0    # a joining collector's store is opened with cluster.join_timeout_s plus this
+FORGET_WAIT_S = 10.0   # the longest a closing learner waits for collectors being dropped from its agent
 _stranded = threading.Event()   # set when _in_thread() gave up on a thread still blocked in C++
 
 
@@ -267,6 +268,10 @@ class LearnerTransport:
         self._env_steps = 0                    # the run's env steps in the newest answer
         self._unanswered: set[Future] = set()  # every chunk's answer until it is sent, so stopping answers all
         self._closed = False
+        # Collectors being dropped from this process's RPC agent (see _forget): close() waits for them, as the agent
+        # must not change while it shuts down.
+        self._forgetting = 0
+        self._forgot = threading.Condition(self._lock)
         _endpoint = self
         host, port = membership.rendezvous_address(cfg.cluster.init_method, dict(os.environ))
         address = _listen_address(cfg)
@@ -291,7 +296,7 @@ class LearnerTransport:
         with self._lock:
             if name in self.alive:
                 self._drop(name, "replaced by a new process")
-        self.registry.forget(name)
+        self._forget(name)
 
     def _on_hello(self, slot: int, rpc_id: int) -> tuple[Weights | None, int] | None:
         name = worker_name(collector_rank(slot))
@@ -320,7 +325,7 @@ class LearnerTransport:
             self.alive.discard(name)
             self._active.pop(slot, None)
         self.changes.put(Change(Membership.LEFT, name, ""))
-        self.registry.forget(name)
+        self._forget(name)
 
     def _drop(self, name: str, why: str) -> None:
         """Call with the lock held."""
@@ -337,7 +342,22 @@ class LearnerTransport:
             if name not in self.alive:
                 return
             self._drop(name, why)
-        threading.Thread(target=self.registry.forget, args=(name,), name="forget", daemon=True).start()
+            self._forgetting += 1   # from now: close() must not miss a thread not yet started
+        threading.Thread(target=self._forget, args=(name, True), name="forget", daemon=True).start()
+
+    def _forget(self, name: str, counted: bool = False) -> None:
+        """Drops `name` from this process's RPC agent (membership.Registry.forget), counted while it runs: a goodbye
+        takes the collector out of `alive` before this, so a learner that has seen every collector leave may be
+        closing its agent meanwhile, and close() waits for these first."""
+        if not counted:
+            with self._lock:
+                self._forgetting += 1
+        try:
+            self.registry.forget(name)
+        finally:
+            with self._lock:
+                self._forgetting -= 1
+                self._forgot.notify_all()
 
     def sender_standing(self, chunk: Chunk) -> Standing:
         """Where the process that sent a chunk stands in the run (see Standing): UNKNOWN for anything that does not
@@ -478,6 +498,8 @@ class LearnerTransport:
         for future in list(self._publishing.values()):
             while not future.done() and time.monotonic() < deadline:
                 time.sleep(0.01)
+        with self._lock:
+            self._forgot.wait_for(lambda: self._forgetting == 0, timeout=FORGET_WAIT_S)
         _leave()
 
 
