@@ -203,8 +203,10 @@ def draw_games(games: dict[str, dict[str, list[EvalPoint]]], out: Path, title: s
         axes.set_ylabel("evaluation score", fontsize="small")
     handles = [plt.Line2D([], [], color=colours[label], marker=".") for label in labels]
     handles += [plt.Line2D([], [], color="grey", linestyle=dashes[name], linewidth=0.9) for name in level_names]
+    # As many legend columns as the grid's width holds (Dopamine's names are long): 2 for one game, 3 for two, 4 for
+    # three, 6 for four or more.
     figure.legend(handles, [*labels, *level_names], loc="outside lower center",
-                  ncols=min(len(labels) + len(level_names), 6 if columns > 1 else 3), fontsize="small")
+                  ncols=min(len(labels) + len(level_names), 6, max(2, round(1.5 * columns))), fontsize="small")
     if title:
         figure.suptitle(title, fontsize="medium")
     out.parent.mkdir(parents=True, exist_ok=True)
