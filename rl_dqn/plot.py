@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
+import textwrap
 from pathlib import Path
 from typing import NamedTuple
 
@@ -119,6 +120,13 @@ def aligned(rows: list[list[str]]) -> list[str]:
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
 
 
+def fitted_title(title: str, inches: float, size: str = "large") -> str:
+    """`title` broken into lines that fit a figure `inches` wide at matplotlib's font `size` (`large`, a suptitle's
+    default, or `medium`): a long benchmark's title would otherwise run past both edges of the PNG."""
+    per_inch = {"large": 10, "medium": 12}[size]   # characters of DejaVu Sans at 100 dpi, with a margin
+    return textwrap.fill(title, max(20, int(inches * per_inch)), break_on_hyphens=False)
+
+
 def draw(runs: dict[str, list[EvalPoint]], out: Path, targets: list[float] = (), title: str = "") -> None:
     """Score against wall minutes and against env steps, every run on both axes, into a PNG."""
     import matplotlib
@@ -152,7 +160,7 @@ def draw(runs: dict[str, list[EvalPoint]], out: Path, targets: list[float] = (),
                           xycoords="axes fraction", fontsize="x-small", color="grey")
     by_time.legend(fontsize="small", loc="lower right")
     if title:
-        figure.suptitle(title)
+        figure.suptitle(fitted_title(title, figure.get_figwidth()))
     figure.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(out, dpi=100)
@@ -208,7 +216,7 @@ def draw_games(games: dict[str, dict[str, list[EvalPoint]]], out: Path, title: s
     figure.legend(handles, [*labels, *level_names], loc="outside lower center",
                   ncols=min(len(labels) + len(level_names), 6, max(2, round(1.5 * columns))), fontsize="small")
     if title:
-        figure.suptitle(title, fontsize="medium")
+        figure.suptitle(fitted_title(title, figure.get_figwidth(), "medium"), fontsize="medium")
     out.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(out, dpi=100)
     plt.close(figure)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
-from rl_dqn.plot import EvalPoint, first_reaching, load_events, read_evals, table
+from rl_dqn.plot import EvalPoint, first_reaching, fitted_title, load_events, read_evals, table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -119,3 +119,21 @@ def test_the_plot_command_refuses_what_it_cannot_draw_with_one_line(tmp_path, ar
                             timeout=120)
     assert result.returncode == 2
     assert message in result.stderr and len(result.stderr.strip().splitlines()) <= 2, result.stderr
+
+
+@pytest.mark.parametrize("inches, size", [(7.0, "medium"), (11.0, "large"), (14.4, "medium")])
+def test_a_long_title_is_broken_into_lines_that_fit_the_figure(inches, size):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    title = ("A candidate for configs/atari_cpu.yaml: returns shortened from 10 steps to 3 between 1M and 1.5M env "
+             "steps, read env step for env step against the mean of the config's three-seed table")
+    figure = plt.figure(figsize=(inches, 4.0), dpi=100)
+    text = figure.suptitle(fitted_title(title, inches, size), fontsize=size)
+    figure.canvas.draw()
+    extent = text.get_window_extent()
+    plt.close(figure)
+    assert fitted_title(title, inches, size).replace("\n", " ") == title
+    assert "\n" in fitted_title(title, inches, size)
+    assert 0 <= extent.x0 and extent.x1 <= inches * 100
