@@ -129,11 +129,12 @@ def test_a_long_title_is_broken_into_lines_that_fit_the_figure(inches, size):
 
     title = ("A candidate for configs/atari_cpu.yaml: returns shortened from 10 steps to 3 between 1M and 1.5M env "
              "steps, read env step for env step against the mean of the config's three-seed table")
+    wrapped = fitted_title(title, inches, size)
     figure = plt.figure(figsize=(inches, 4.0), dpi=100)
-    text = figure.suptitle(fitted_title(title, inches, size), fontsize=size)
+    text = figure.suptitle(wrapped, fontsize=size)
     figure.canvas.draw()
     extent = text.get_window_extent()
     plt.close(figure)
-    assert fitted_title(title, inches, size).replace("\n", " ") == title
-    assert "\n" in fitted_title(title, inches, size)
+    assert wrapped.replace("\n", " ") == title
+    assert "\n" in wrapped
     assert 0 <= extent.x0 and extent.x1 <= inches * 100
