@@ -307,6 +307,58 @@ def slow_forgetting_learner(port: int, kind: str, events) -> None:
         transport.close()
 
 
+# ------------------------------------------------------------------------- many collectors joining at once
+
+CROWD, CROWD_THREADS = 5, 2   # more collectors joining together than the learner has RPC threads
+
+
+def crowded_learner(port: int, kind: str, events, go) -> None:
+    """A learner with CROWD_THREADS RPC threads that CROWD collectors join at once; each join's call that updates
+    this process's member list takes half a second here, as on a loaded machine, so that collectors which have
+    joined say hello while another still holds the group's join token. Reports how many joined and how soon."""
+    from torch.distributed.rpc import _utils
+
+    update = _utils._update_group_membership
+
+    def slow_update(*args):
+        time.sleep(0.5)
+        return update(*args)
+    cfg = config(port, kind, CROWD + 1, f"transport.worker_threads={CROWD_THREADS}", "transport.rpc_timeout_s=5")
+    transport = LearnerTransport(cfg, threading.Event(), place(cfg, 0, torch.cuda.device_count()))
+    # What a joiner's RPC to this process runs, by name (set once this process has joined, which calls it itself).
+    _utils._update_group_membership = slow_update
+    try:
+        transport.publish(weights(0, kind))
+        go.set()
+        start = time.monotonic()
+        while len(transport.alive) < CROWD and time.monotonic() - start < 30:
+            time.sleep(0.05)
+        events.put(("learner", "joined", (len(transport.alive), time.monotonic() - start)))
+        transport.stop_collectors(timeout=10)
+        events.put(("learner", "lost", dict(transport.lost)))
+    finally:
+        transport.close()
+
+
+def crowd_collector(port: int, kind: str, index: int, events, go) -> None:
+    """Joins once the learner is up, together with the rest of the crowd, and stays until the run stops."""
+    cfg = config(port, kind, CROWD + 1, f"transport.worker_threads={CROWD_THREADS}", "transport.rpc_timeout_s=5")
+    go.wait(60)
+    try:
+        transport = CollectorTransport(cfg, index, threading.Event(), place(cfg, index + 1, torch.cuda.device_count()))
+    except TransportError as e:
+        events.put((f"collector{index}", "error", str(e)))
+        return
+    try:
+        events.put((f"collector{index}", "weights", transport.wait_weights(timeout=30).version))
+        deadline = time.monotonic() + 40
+        while not transport.stop_requested and time.monotonic() < deadline:
+            time.sleep(0.05)
+        events.put((f"collector{index}", "stopped", transport.stop_requested))
+    finally:
+        transport.close()
+
+
 # ------------------------------------------------------------------------------------------------ bad data
 
 

@@ -163,6 +163,27 @@ def test_a_killed_collectors_replacement_gets_chunks_through_and_new_weights(kin
     assert changes[:2] == ["joined", "lost"] and changes.count("joined") == 2, changes
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_collectors_that_join_together_all_get_in_though_they_outnumber_the_learners_rpc_threads(kind):
+    """A node's collectors get ready before the learner and join it together. Each joiner holds the group's join
+    token while it calls the learner; the learner once answered each hello on its RPC thread by waiting for that
+    token, so with more collectors than RPC threads every thread waited for a joiner that waited for a thread: the
+    joins timed out and the run stalled."""
+    port = free_port()
+    context = multiprocessing.get_context("spawn")
+    go = context.Event()
+    crowd = rpc_scenarios.CROWD
+    events = run_processes([(rpc_scenarios.crowded_learner, (port, kind))]
+                           + [(rpc_scenarios.crowd_collector, (port, kind, i)) for i in range(crowd)],
+                           timeout=120, extra=(go,))
+    by = {(who, what): value for who, what, value in events}
+    joined, seconds = by[("learner", "joined")]
+    assert joined == crowd, events
+    assert [who for who, what, _ in events if what == "error"] == [], events
+    assert all(by[(f"collector{i}", "weights")] == 0 and by[(f"collector{i}", "stopped")] for i in range(crowd))
+    assert by[("learner", "lost")] == {}
+
+
 @pytest.mark.slow
 def test_bad_chunks_are_refused_counted_and_replay_stays_intact(tmp_path, monkeypatch):
     """A real learner takes a good chunk, refuses each kind of bad one (counted once per cause), never crashes, and

@@ -13,6 +13,9 @@ broken pipe. So the run is a dynamic group kept by the learner:
   hung process is replaced, not waited for), then admits the ticket; the ticket number is the RPC id.
 - After every change, the learner trims the store's member list to itself, so a joiner only ever talks to the
   learner, never to another collector that may have died. A dead collector is forgotten the same way.
+- The learner waits for the group's join token only off its RPC threads (the admission thread, a forgetting
+  thread): a joiner holds that token while it calls the learner, and a learner whose RPC threads all waited for it
+  would answer no one. Collectors that join together may see each other listed until the next trim.
 
 The store listens only on `cluster.interface` (loopback for a one-node run): torch's own `tcp://` rendezvous binds
 it to every interface. RPC unpickles what it receives, so whoever reaches these ports can run code.
@@ -170,6 +173,7 @@ class Registry:
         self.admitted: set[int] = set()         # RPC ids of every process ever admitted
         self.lock = threading.Lock()
         self._closed = threading.Event()
+        self._trim_wanted = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="admission", daemon=True)
 
     def start(self) -> None:
@@ -181,13 +185,27 @@ class Registry:
     def is_current(self, slot: int, rpc_id: int) -> bool:
         return self.current.get(slot) == rpc_id
 
+    def trim_soon(self) -> None:
+        """Has the admission thread trim the store's member list (a collector joined, listing itself there)."""
+        self._trim_wanted.set()
+
     def _serve(self) -> None:
+        """Admits the tickets in order and trims the member list when asked, until close()."""
         ticket = 1
         try:
-            while _poll(self.store, f"rl_dqn/claim/{ticket}", self._closed.is_set):
-                verdict = self._admit(ticket, self.store.get(f"rl_dqn/claim/{ticket}").decode())
-                self.store.set(f"rl_dqn/admit/{ticket}", verdict)
-                ticket += 1
+            while not self._closed.is_set():
+                claim = f"rl_dqn/claim/{ticket}"
+                if self.store.check([claim]):
+                    self._trim_wanted.clear()   # an admission trims
+                    verdict = self._admit(ticket, self.store.get(claim).decode())
+                    self.store.set(f"rl_dqn/admit/{ticket}", verdict)
+                    ticket += 1
+                elif self._trim_wanted.is_set():
+                    self._trim_wanted.clear()
+                    with contextlib.suppress(MembershipError):   # the run is over
+                        self.keep_learner_only()
+                else:
+                    self._trim_wanted.wait(0.1)
         except RuntimeError:
             return      # the store is closing with the process
 
@@ -202,7 +220,10 @@ class Registry:
             if slot in self.current:
                 self.on_replace(slot)
             else:
-                self.keep_learner_only()
+                try:
+                    self.keep_learner_only()
+                except MembershipError:
+                    return "refused the run is over"
             self.current[slot] = ticket
             self.admitted.add(ticket)
             incarnation = self.incarnations[slot]
@@ -227,8 +248,9 @@ class Registry:
             self._trim()
 
     def keep_learner_only(self) -> None:
-        """Trims the store's member list to the learner once a collector has joined (it listed itself there)."""
-        with self._token():
+        """Trims the store's member list to the learner once a collector has joined (it listed itself there).
+        Raises MembershipError if the run closes while the join token is held by another."""
+        with self._token(give_up=self._closed.is_set):
             self._trim()
 
     def _trim(self) -> None:
@@ -236,13 +258,17 @@ class Registry:
         self.store.set(_MEMBERS_KEY, f"{me.name}-{me.id},")
 
     @contextlib.contextmanager
-    def _token(self):
-        """Holds the group's join token, as torch's own joins do (a waiter waits for the holder's key)."""
+    def _token(self, give_up: Callable[[], bool] = lambda: False):
+        """Holds the group's join token, as torch's own joins do (a waiter waits for the holder's key); raises
+        MembershipError if `give_up()` turns true meanwhile. Never on an RPC thread (see the module's docstring)."""
         mine = "Token_for_learner_membership"
         deadline = time.monotonic() + 60
         while (held := self.store.compare_set(_TOKEN_KEY, "", mine).decode()) != mine:
-            if not _poll(self.store, _RPC_PREFIX + held, lambda: time.monotonic() > deadline):
-                # A joiner died holding the token: take it back, and wake whoever waits on it.
+            if not _poll(self.store, _RPC_PREFIX + held, lambda: give_up() or time.monotonic() > deadline):
+                if give_up():
+                    raise MembershipError("the run is over")
+                # A joiner died holding the token (torch's join does not give it back when it fails): take it
+                # back, and wake whoever waits on it.
                 self.store.set(_RPC_PREFIX + held, "Done")
                 self.store.compare_set(_TOKEN_KEY, held, "")
         try:
@@ -252,6 +278,8 @@ class Registry:
             self.store.set(_RPC_PREFIX + mine, "Done")
 
     def close(self) -> None:
-        with self.lock:
-            self._closed.set()
+        """Refuses every later ticket; an admission waiting for the join token gives up."""
+        self._closed.set()
+        with self.lock:     # an admission under way has ended
+            pass
         self._thread.join(timeout=2.0)

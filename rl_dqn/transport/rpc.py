@@ -310,7 +310,7 @@ class LearnerTransport:
             self._pinging.pop(name, None)
             incarnation = self.registry.incarnations[slot] - 1
         self.changes.put(Change(Membership.JOINED, name, f"process {incarnation + 1} of its slot"))
-        self.registry.keep_learner_only()
+        self.registry.trim_soon()
         if (latest := self._latest) is None:
             return None, self._env_steps     # a member now: the first publish sends it the weights
         weights, ready = latest
@@ -324,8 +324,9 @@ class LearnerTransport:
                 return
             self.alive.discard(name)
             self._active.pop(slot, None)
+            self._forgetting += 1
         self.changes.put(Change(Membership.LEFT, name, ""))
-        self._forget(name)
+        self._forget_in_thread(name)
 
     def _drop(self, name: str, why: str) -> None:
         """Call with the lock held."""
@@ -337,12 +338,17 @@ class LearnerTransport:
         self.changes.put(Change(Membership.LOST, name, why))
 
     def _lose(self, name: str, why: str) -> None:
-        """A collector that failed a call is dropped; forgetting it may wait on a join, so not on this thread."""
+        """A collector that failed a call is dropped."""
         with self._lock:
             if name not in self.alive:
                 return
             self._drop(name, why)
             self._forgetting += 1   # from now: close() must not miss a thread not yet started
+        self._forget_in_thread(name)
+
+    def _forget_in_thread(self, name: str) -> None:
+        """Forgets `name` (counted in _forgetting already) on a thread of its own: forgetting waits for the join
+        token, which an RPC thread (a goodbye) must never do, and nor should the learner's loop (see membership)."""
         threading.Thread(target=self._forget, args=(name, True), name="forget", daemon=True).start()
 
     def _forget(self, name: str, counted: bool = False) -> None:
