@@ -75,6 +75,8 @@ class Intake:
             value = getattr(chunk, field)
             if not isinstance(value, torch.Tensor):
                 return f"{field} is not a tensor"
+            if value.layout is not torch.strided or value.is_meta:
+                return f"{field} is not a dense tensor holding data"
             if value.dtype != dtype:
                 return f"{field} has dtype {value.dtype}, not {dtype}"
             if shape is not None and tuple(value.shape) != shape:
@@ -93,18 +95,21 @@ class Intake:
         if chunk.sender == self._lane_sender[chunk.collector] and (chunk.seq < self._next_seq[chunk.collector] or
                                                                    chunk.seq in self._held[chunk.collector]):
             return "a chunk sent twice"
-        bad = torch.stack([(chunk.actions < 0).any(), (chunk.actions >= spec.num_actions).any(),
-                           ~torch.isfinite(chunk.rewards).all(),
-                           ~torch.isfinite(chunk.episode_returns).all().to(chunk.rewards.device),
-                           *(() if epsilons is None else
-                             (~((epsilons >= 0) & (epsilons <= 1)).all().to(chunk.rewards.device),))]).tolist()
-        for flagged, cause in zip(bad, (f"action out of range 0..{spec.num_actions - 1}",
-                                        f"action out of range 0..{spec.num_actions - 1}",
-                                        "non-finite reward", "non-finite episode return",
-                                        "episode epsilon outside 0..1")):
-            if flagged:
-                return cause
-        return None
+        device = chunk.rewards.device
+        checks = [((chunk.actions < 0) | (chunk.actions >= spec.num_actions)).any(),
+                  f"action out of range 0..{spec.num_actions - 1}",
+                  ~torch.isfinite(chunk.rewards).all(), "non-finite reward",
+                  ~torch.isfinite(chunk.episode_returns).all().to(device), "non-finite episode return",
+                  (chunk.episode_lengths < 0).any().to(device), "negative episode length"]
+        if chunk.frames.is_floating_point():
+            checks += [~torch.isfinite(chunk.frames).all().to(device), "non-finite frame"]
+        if "q_taken" in self._fields:   # a collector's Q-values become initial priorities: one NaN poisons sampling
+            checks += [~(torch.isfinite(chunk.q_taken).all() & torch.isfinite(chunk.q_max).all()).to(device),
+                       "non-finite Q-value"]
+        if epsilons is not None:
+            checks += [~((epsilons >= 0) & (epsilons <= 1)).all().to(device), "episode epsilon outside 0..1"]
+        flags = torch.stack(checks[0::2]).tolist()
+        return next((cause for flagged, cause in zip(flags, checks[1::2]) if flagged), None)
 
     def ingest(self, chunk: Chunk) -> list[Chunk]:
         """Puts a checked chunk into replay once every earlier chunk of its collector is in; returns the chunks that

@@ -102,3 +102,27 @@ def test_a_chunks_episode_epsilons_must_be_one_per_episode_and_within_0_and_1(tm
         assert intake.admit(chain_chunk(1, seq=0, episodes=10)._replace(episode_epsilons=torch.full((20,), value)),
                             Standing.NEWEST).refused == "episode epsilon outside 0..1"
     assert intake.env_steps == 60
+
+
+def test_a_chunk_with_values_that_would_poison_replay_is_refused_and_sampling_goes_on(tmp_path):
+    """A collector whose network diverged sends NaN Q-values, which become initial priorities: one of them in the
+    sum tree and no batch could be drawn again. Such a chunk, and one with non-finite frames, a negative episode
+    length or a tensor that holds no data, is refused with its cause; the replay still samples."""
+    learner = make_learner(tmp_path, "train.prioritized=true", "train.initial_priority=collectors")
+    intake = learner.intake
+    nan = torch.full((30, 2), float("nan"))
+    frames = chain_chunk(1, seq=0, episodes=10).frames.clone()
+    frames[3, 1, 0] = float("inf")
+    bad = {"non-finite Q-value": dict(q_taken=nan), "non-finite frame": dict(frames=frames),
+           "negative episode length": dict(episode_lengths=torch.full((20,), -2)),
+           "actions is not a dense tensor holding data":
+               dict(actions=chain_chunk(1, seq=0, episodes=10).actions.to_sparse())}
+    for cause, fields in bad.items():
+        assert intake.admit(chain_chunk(1, seq=0, episodes=10)._replace(**fields), Standing.NEWEST).refused == cause
+    assert intake.admit(chain_chunk(1, seq=0, episodes=10)._replace(q_max=nan), Standing.NEWEST).refused == \
+        "non-finite Q-value"
+    for seq in range(3):
+        assert intake.admit(chain_chunk(0, seq=seq, episodes=10), Standing.NEWEST).refused is None
+    batch = learner.trainer.replay.sample(32, torch.Generator().manual_seed(0), 0.4, 1)
+    assert torch.isfinite(batch.weights).all()
+    learner.step()
