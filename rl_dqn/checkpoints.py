@@ -13,6 +13,7 @@ one whole. A big file (a replay's contents) goes to disk as it is written, and s
 from __future__ import annotations
 
 import os
+import pickle
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -84,7 +85,11 @@ def load(path: Path) -> tuple[dict, dict | None]:
     replay = state.get("replay_file")
     if replay is None:
         return state, None
-    return state, torch.load(path.parent / replay, map_location="cpu", weights_only=True)
+    try:
+        return state, torch.load(path.parent / replay, map_location="cpu", weights_only=True)
+    except (RuntimeError, OSError, EOFError, pickle.UnpicklingError) as e:   # say which of the two files is bad
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"its replay file {replay}: {reason}") from None
 
 
 def load_state(path: Path) -> dict:

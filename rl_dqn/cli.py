@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
-from rl_dqn.config import Config, ConfigError, load_config, save_config
+from rl_dqn.config import Config, ConfigError, load_config, save_config, to_dict
 from rl_dqn.console import (LAUNCHED_AT_ENV, PROGRESS_ENV, PROGRESS_MARK, OneLineParser, StartupClock,
                             launched_at, say)
 from rl_dqn.supervisor import EXIT_BAD_INPUT, EXIT_LEARNER_LOST, GATE_ENV, GO, SAVING, free_port
@@ -221,25 +221,58 @@ def finished_already(cfg: Config, state: dict) -> str | None:
     return f"run {name} already {what}: nothing to do; to train on, resume with {' and '.join(advice)}"
 
 
+# What a resumed run keeps from its first process: the keys that shape its networks or what they read.
+KEPT_ON_RESUME = ("env.id", "network.torso", "network.mlp_hidden", "network.dueling", "network.norm",
+                  "network.quantiles", "network.frame_offset")
+
+
+def changed_on_resume(cfg: Config, state: dict) -> list[str]:
+    """The KEPT_ON_RESUME keys that `cfg` sets otherwise than the run whose checkpoint holds `state` (none for a
+    checkpoint that holds no config), each as `key: <the run's> in the run, <cfg's> now`."""
+    saved, now = state.get("config"), to_dict(cfg)
+    if not isinstance(saved, dict):
+        return []
+    changed = []
+    for key in KEPT_ON_RESUME:
+        section, field = key.split(".")
+        was, is_now = (list(v) if isinstance(v, (list, tuple)) else v
+                       for v in (saved.get(section, {}).get(field), now[section][field]))
+        if was is not None and was != is_now:
+            changed.append(f"{key}: {was} in the run, {is_now} now")
+    return changed
+
+
 def _finished_already(cfg: Config) -> str | None:
     """finished_already() for a resumed run's newest checkpoint, read without its replay; None for a new run, or
-    for one that holds no checkpoint (which _make_run_dir refuses)."""
+    for one that holds no checkpoint (which _make_run_dir refuses). A checkpoint that cannot be read, or a config
+    that changes what the run's networks are (changed_on_resume()), is refused here, before anything is written."""
     import pickle
 
     from rl_dqn import checkpoints
     found = checkpoints.all_of(run_dir(cfg)) if cfg.run.resume else []
     if not found:
         return None
+    if found[-1].stat().st_size == 0:
+        raise ConfigError("run.resume", f"cannot continue from {found[-1]}: the file is empty; move it aside to "
+                                        f"resume from the one before it")
     try:
-        return finished_already(cfg, checkpoints.load_state(found[-1]))
+        state = checkpoints.load_state(found[-1])
+        changed = changed_on_resume(cfg, state)
+        ended = finished_already(cfg, state)
     except (RuntimeError, ValueError, KeyError, TypeError, OSError, EOFError, pickle.UnpicklingError) as e:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ConfigError("run.resume", f"cannot continue from {found[-1]}: {reason}") from None
+    if changed:
+        raise ConfigError("run.resume", f"run {cfg.run.name} keeps its networks and game, and this config changes "
+                                        f"them ({'; '.join(changed)}): drop those overrides, or start a new run.name")
+    return ended
 
 
 def _make_run_dir(cfg: Config) -> Path:
     """Creates runs/<run.name>/, which must be new or empty and writable; a resumed run's must hold a checkpoint."""
     folder = run_dir(cfg)
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError("run.name", f"{folder} is a file, not a run folder; choose another run.name")
     if cfg.run.resume:
         from rl_dqn import checkpoints
         if not checkpoints.all_of(folder):
@@ -411,6 +444,8 @@ def _role_error(role: str, message: str, code: int = 1) -> int:
 
 
 def _learner(cfg: Config, args) -> int:
+    import pickle
+
     import torch
     from rl_dqn import checkpoints
     from rl_dqn.learner import Learner
@@ -448,15 +483,16 @@ def _learner(cfg: Config, args) -> int:
     learner = Learner(cfg, spec, folder, stop=stop, device=placement.device, launched_at=launched_at(),
                       startup=startup)
     learner.saving = _saving_told("learner", stop)
-    save_config(learner.config_as_run(), folder / "config.yaml")
-    learner.report.write_run_info(sys.argv, resumed=cfg.run.resume)
-    if cfg.run.resume:
+    if cfg.run.resume:   # before the run's config.yaml and run.json are written: a failed resume leaves them be
         checkpoint = checkpoints.newest(folder)
         try:
             learner.restore(checkpoint)
-        except (RuntimeError, ValueError, KeyError, OSError) as e:
+        except (RuntimeError, ValueError, KeyError, TypeError, OSError, EOFError, pickle.UnpicklingError) as e:
             learner.report.close()
-            raise ConfigError("run.resume", f"cannot continue from {checkpoint}: {str(e).splitlines()[0]}") from None
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError("run.resume", f"cannot continue from {checkpoint}: {reason}") from None
+    save_config(learner.config_as_run(), folder / "config.yaml")
+    learner.report.write_run_info(sys.argv, resumed=cfg.run.resume)
     try:
         learner.run(LearnerTransport(cfg, stop, placement))
     except TransportError as e:

@@ -556,7 +556,7 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> Config:
         raise ConfigError("config", f"no such file: {path}")
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
+    except (yaml.YAMLError, UnicodeDecodeError, ValueError) as e:   # ValueError: a date or number YAML cannot make
         raise ConfigError("config", f"{path} is not valid UTF-8 YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(raw, dict):
         raise ConfigError("config", f"{path} must hold a mapping of sections ({', '.join(SECTIONS)})")
@@ -581,7 +581,7 @@ def _apply_override(raw: dict, item: str) -> None:
         raise ConfigError(section, "must be a mapping of keys")
     try:
         value = yaml.safe_load(text) if text != "" else ""
-    except yaml.YAMLError:
+    except (yaml.YAMLError, ValueError):   # ValueError: 2024-13-01 as a date, a number of thousands of digits
         value = text
     # A string field takes the text as typed (run.name=007 stays "007"), as does a device map in DI-engine's form
     # (YAML would read 1_0_0 as the number 100).
@@ -595,7 +595,7 @@ def from_dict(raw: dict[str, Any]) -> Config:
     sections = {}
     for section, values in raw.items():
         if section not in SECTIONS:
-            raise ConfigError(section, _unknown(section, SECTIONS))
+            raise ConfigError(str(section), _unknown(section, SECTIONS))
         if values is None:
             values = {}
         if not isinstance(values, dict):
@@ -617,7 +617,7 @@ def from_dict(raw: dict[str, Any]) -> Config:
 
 
 def _unknown(name: str, allowed) -> str:
-    close = difflib.get_close_matches(name, list(allowed), n=1)
+    close = difflib.get_close_matches(str(name), list(allowed), n=1)   # YAML keys may be numbers, or null
     hint = f" (did you mean {close[0]}?)" if close else ""
     return f"unknown key{hint}; allowed: {', '.join(allowed)}"
 

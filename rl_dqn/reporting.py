@@ -90,7 +90,16 @@ class Report:
         path = self.run_dir / "run.json"
         this = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": argv, **system.code_version(),
                 "machine": system.machine()}
-        info = json.loads(path.read_text()) if resumed and path.is_file() else None
+        info = None
+        if resumed and path.is_file():
+            try:
+                info = json.loads(path.read_text())
+            except (ValueError, UnicodeDecodeError):
+                pass
+            if not isinstance(info, dict):   # kept, not overwritten: it may still be read by hand
+                path.replace(aside := path.with_name("run.json.unreadable"))
+                say("learner", f"{path} is not a JSON object: kept as {aside.name}, and a new run.json begun")
+                info = None
         if info is None:
             info = this | {"resumed": []}
         else:

@@ -200,6 +200,7 @@ def supervise(specs: list[RoleSpec], node: str, grace_s: float = 20.0, progress:
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     failed: str | None = None
+    failed_code = 1   # the node's exit code when a role failed: 2 when that role refused its input
     complete = False   # the learner finished the run
     stuck: list[_Role] = []   # killed, still running `waited` seconds after being asked to stop
     waited = 0.0
@@ -222,6 +223,7 @@ def supervise(specs: list[RoleSpec], node: str, grace_s: float = 20.0, progress:
                             role.restart()
                             continue
                         failed = f"{node}: {role.spec.label} died ({role.why()}); stopping the other roles"
+                        failed_code = EXIT_BAD_INPUT if code == EXIT_BAD_INPUT else 1
                         break
                 if failed or interrupted or complete:
                     if failed:
@@ -246,7 +248,7 @@ def supervise(specs: list[RoleSpec], node: str, grace_s: float = 20.0, progress:
         for s, handler in previous.items():
             signal.signal(s, handler)
     if failed:
-        return 1
+        return failed_code
     if interrupted:
         return 128 + interrupted[0]
     bad = [r for r in roles if r.process.returncode != 0]

@@ -100,12 +100,27 @@ def test_overrides_convert_like_a_person_means_them(tmp_path):
     ("train.n_step_decay_start_env_steps=-1", "train.n_step_decay_start_env_steps", ">= 0"),
     ("train.n_step_decay_start_env_steps=5000", "train.n_step_decay_end_env_steps",
      "> train.n_step_decay_start_env_steps (5000)"),
+    ("train.lr=2024-13-01", "train.lr", "must be a number, got '2024-13-01'"),   # not a date YAML can make
+    ("run.seed=" + "9" * 5000, "run.seed", "must be an integer"),                  # more digits than Python reads
 ])
 def test_bad_values_name_their_key(override, key, allowed):
     with pytest.raises(ConfigError) as error:
         load_config(ROOT / "configs/smoke.yaml", [override])
     assert error.value.key == key
     assert str(error.value).startswith(f"{key}: ") and allowed in str(error.value)
+
+
+@pytest.mark.parametrize("text, key, allowed", [
+    ("1: {}\n", "1", "unknown key; allowed: run, env"),
+    ("null: 3\n", "None", "unknown key; allowed: run, env"),
+    ("train: {1: 2}\n", "train.1", "unknown key; allowed: total_env_steps"),
+    ("run: {seed: 2024-13-45}\n", "config", "is not valid UTF-8 YAML: month must be in 1..12"),
+])
+def test_a_config_file_with_keys_or_values_yaml_reads_oddly_names_them(text, key, allowed, tmp_path):
+    (tmp_path / "odd.yaml").write_text(text)
+    with pytest.raises(ConfigError) as error:
+        load_config(tmp_path / "odd.yaml")
+    assert error.value.key == key and allowed in str(error.value)
 
 
 def test_quantiles_refuse_the_collectors_priorities_which_measure_another_error():
@@ -252,6 +267,14 @@ def test_unwritable_runs_folder_is_refused_before_starting(tmp_path):
     result = _cli("local", "configs/smoke.yaml", env=env)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.startswith("rl_dqn: config error: run.name: cannot write the run folder")
+
+
+def test_a_run_name_that_is_a_file_is_refused_in_one_line(tmp_path):
+    (tmp_path / "taken").write_text("a file")
+    result = _cli("local", "configs/smoke.yaml", "run.name=taken", env=dict(os.environ, RL_DQN_RUNS_DIR=str(tmp_path)))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"rl_dqn: config error: run.name: {tmp_path / 'taken'} is a file, not a run "
+                                    f"folder")
 
 
 @pytest.mark.parametrize("timeout_s", [3, 1])

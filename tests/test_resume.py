@@ -138,6 +138,71 @@ def test_a_checkpoint_that_cannot_be_read_is_one_line_and_exit_2(tmp_path):
     assert result.stdout == ""
 
 
+def _a_run_with_a_checkpoint(runs: Path) -> tuple[Path, dict[str, tuple[str | None, int]]]:
+    """runs/t as its first process leaves it (config.yaml, run.json, a checkpoint with its replay), and a snapshot
+    of its record."""
+    from rl_dqn.config import save_config
+    learner = make_learner(runs / "t")
+    learner.intake.ingest(chain_chunk(0, 0, episodes=30))
+    save_config(learner.config_as_run(), runs / "t" / "config.yaml")
+    learner.report.write_run_info(["first"], resumed=False)
+    learner.save_checkpoint()
+    learner.report.close()
+    record = {name: snapshot(runs / "t")[name] for name in ("config.yaml", "run.json")}
+    return runs / "t", record
+
+
+def test_a_resume_that_would_change_the_runs_networks_is_refused_before_anything_is_written(tmp_path):
+    """A resumed run keeps the networks it trained and its game: a config that changes them (here the hidden
+    layers) is one line naming each changed key, exit code 2, and the run's config.yaml and run.json stay as the
+    first process wrote them."""
+    run, record = _a_run_with_a_checkpoint(tmp_path)
+    result = subprocess.run([sys.executable, "-m", "rl_dqn", "local", "configs/cartpole.yaml", "run.name=t",
+                             "run.resume=true", "network.mlp_hidden=[64]", "env.id=Acrobot-v1"],
+                            cwd=ROOT, capture_output=True, text=True, env=environment(tmp_path))
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert "env.id: CartPole-v1 in the run, Acrobot-v1 now; network.mlp_hidden: [256, 256] in the run, [64] now" \
+        in result.stderr, result.stderr
+    assert {name: snapshot(run)[name] for name in record} == record
+
+
+def test_a_resume_whose_replay_file_is_broken_names_that_file_and_leaves_the_runs_record_be(tmp_path):
+    """The checkpoint reads but the replay file beside it does not: the learner refuses to go on (exit code 2 for
+    the node too), naming the replay file rather than the checkpoint, and nothing of the run is rewritten."""
+    run, record = _a_run_with_a_checkpoint(tmp_path)
+    replay = next((run / "checkpoints").glob("replay_*.pt"))
+    replay.write_bytes(replay.read_bytes()[:1000])
+    result = subprocess.run([sys.executable, "-m", "rl_dqn", "local", "configs/cartpole.yaml", "run.name=t",
+                             "run.resume=true", "collectors.count=2", "env.envs_per_collector=2",
+                             "train.replay_capacity=1200"],
+                            cwd=ROOT, capture_output=True, text=True, env=environment(tmp_path), timeout=120)
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert f"its replay file {replay.name}: " in result.stderr, result.stderr
+    assert {name: snapshot(run)[name] for name in record} == record
+
+
+def test_a_resume_with_an_unreadable_run_json_keeps_it_aside_and_begins_a_new_one(tmp_path):
+    learner = make_learner(tmp_path / "t")
+    (tmp_path / "t" / "run.json").write_text('{"broken')
+    learner.report.write_run_info(["again"], resumed=True)
+    learner.report.close()
+    assert (tmp_path / "t" / "run.json.unreadable").read_text() == '{"broken'
+    info = json.loads((tmp_path / "t" / "run.json").read_text())
+    assert info["command"] == ["again"] and info["resumed"] == []
+
+
+def test_an_empty_checkpoint_file_says_so(tmp_path):
+    folder = tmp_path / "empty" / "checkpoints"
+    folder.mkdir(parents=True)
+    (folder / "checkpoint_000000001.pt").write_bytes(b"")
+    result = subprocess.run([sys.executable, "-m", "rl_dqn", "local", "configs/cartpole.yaml", "run.name=empty",
+                             "run.resume=true"], cwd=ROOT, capture_output=True, text=True,
+                            env=environment(tmp_path))
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert "checkpoint_000000001.pt: the file is empty; move it aside to resume from the one before it" in \
+        result.stderr
+
+
 # -------------------------------------------------------------------------------- how a learner ended
 
 
