@@ -149,6 +149,17 @@ def _check_interface(cfg: Config) -> None:
             raise ConfigError("cluster.interface", str(e).removeprefix("cluster.interface: ")) from None
 
 
+def _check_rendezvous(cfg: Config) -> None:
+    """cluster.init_method names a store: tcp://HOST:PORT, or env:// with MASTER_ADDR and MASTER_PORT set."""
+    from rl_dqn.transport.membership import MembershipError, rendezvous_address, torchrun_prefix
+    if torchrun_prefix(dict(os.environ)) is not None:
+        return
+    try:
+        rendezvous_address(cfg.cluster.init_method, dict(os.environ))
+    except MembershipError as e:
+        raise ConfigError("cluster.init_method", str(e).removeprefix("cluster.init_method ")) from None
+
+
 def _check_learner_address(cfg: Config) -> None:
     """The rendezvous host is the learner's own address on cluster.interface: its store listens there and nowhere
     else, so a host that names another address (a hostname that resolves elsewhere) would leave every collector
@@ -160,7 +171,7 @@ def _check_learner_address(cfg: Config) -> None:
         host, _ = rendezvous_address(cfg.cluster.init_method, dict(os.environ))
         mine = interface_address(cfg.cluster.interface)
     except MembershipError as e:
-        raise ConfigError("cluster.init_method", str(e)) from None
+        raise ConfigError("cluster.init_method", str(e).removeprefix("cluster.init_method ")) from None
     try:
         resolved = socket.gethostbyname(host)
     except OSError:
@@ -309,6 +320,7 @@ def _local(cfg: Config, args) -> int:
     def checks() -> bool:
         """The env, every role's devices and maps as each will see them, and the replay's memory, checked while
         the roles load their modules and before any of them goes on."""
+        _check_rendezvous(one_node)
         spec = _check_env(cfg)
         placements = [_placement(one_node, rank) for rank in range(one_node.world_size)]
         learner_device = placements[0].device
@@ -340,6 +352,7 @@ def _collectors(cfg: Config, args) -> int:
         """The interface, the env and every collector's devices and maps (torch's import, most of it), checked
         while they load their modules."""
         _check_interface(cfg)
+        _check_rendezvous(cfg)
         _check_env(cfg)
         for rank in range(cfg.cluster.rank, cfg.cluster.rank + cfg.collectors.count):
             _placement(cfg, rank)
@@ -522,6 +535,7 @@ def _collector(cfg: Config, args) -> int:
         raise ConfigError("cluster.interface", "must name the network interface this process listens on, e.g. "
                                                "eth0 (lo on one node)")
     _check_interface(cfg)
+    _check_rendezvous(cfg)
     _check_env(cfg)
     placement = _placement(cfg, rank)
     name = f"collector{rank - 1}"

@@ -63,6 +63,8 @@ class _PurgeWarnings:
 def read_evals(run_dir: Path, events=None) -> list[EvalPoint]:
     """The evaluation rounds a run logged (eval/episode_return, eval/episode_return_std, eval/time_from_launch_s),
     in order of env steps, a resumed run's as `load_events` reads them (`events`: its accumulator to go on with)."""
+    if not run_dir.is_dir():
+        raise PlotError(f"{run_dir}: no such folder (a run folder is runs/<name>)")
     if not any(run_dir.glob("events.out.tfevents.*")):
         raise PlotError(f"{run_dir} holds no TensorBoard events (is it a run folder, runs/<name>?)")
     events = load_events(run_dir, events)
@@ -244,8 +246,12 @@ def main(argv: list[str] | None = None) -> int:
     labels = args.labels.split(",") if args.labels else [run.name for run in args.runs]
     if len(labels) != len(args.runs):
         parser.error(f"--labels gives {len(labels)} labels for {len(args.runs)} runs")
-    if args.out.suffix.lower() != ".png":
-        parser.error(f"--out must name a .png file, got {str(args.out)!r}")
+    if len(set(labels)) != len(labels):   # a run per label: two of one label would show as one
+        twice = sorted({label for label in labels if labels.count(label) > 1})
+        parser.error(f"each run needs a label of its own; {', '.join(twice)} names more than one (give --labels)")
+    if args.out.suffix.lower() != ".png" or args.out.is_dir():
+        parser.error(f"--out must name a .png file, got {str(args.out)!r}"
+                     + (", a folder" if args.out.is_dir() else ""))
     try:
         runs = {label: read_evals(run) for label, run in zip(labels, args.runs)}
     except PlotError as e:

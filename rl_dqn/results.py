@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -91,25 +92,53 @@ def record(run_dir: Path, benchmark: str, results: Path = RESULTS) -> Path:
     missing = [name for name in ("config.yaml", "run.json", "summary.json") if not (run_dir / name).is_file()]
     if missing:
         raise ResultsError(f"{run_dir} is not a finished run: it has no {', '.join(missing)}")
-    try:
-        points = read_evals(run_dir)
-    except PlotError as e:
-        raise ResultsError(str(e)) from None
     target = folder / run_dir.name
     if target.exists():
         raise ResultsError(f"{target} already holds a record; remove it to record {run_dir} again")
-    target.mkdir(parents=True)
+    # Everything is read and checked before the record's folder is made, which then appears whole or not at all.
+    try:
+        whole = _round_episodes(yaml.safe_load((run_dir / "config.yaml").read_text()))
+        command = _json(run_dir / "run.json").get("command") or []
+        _json(run_dir / "summary.json").get("ended")
+    except (yaml.YAMLError, ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as e:
+        raise ResultsError(f"{run_dir} is not a finished run of rl_dqn: its config.yaml, run.json or summary.json "
+                           f"cannot be read ({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''})"
+                           ) from None
+    ran, asked = _config_named(" ".join(map(str, command))), _config_named(_benchmark_command(folder))
+    if ran and asked and ran != asked:
+        raise ResultsError(f"{run_dir} ran {ran}, and benchmark {benchmark} runs {asked}: record it under a "
+                           f"benchmark of its config")
+    try:
+        points = read_evals(run_dir)
+        episodes = _episodes_logged(run_dir)
+    except PlotError as e:
+        raise ResultsError(str(e)) from None
+    partial = folder / f".{run_dir.name}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
     for name in ("config.yaml", "run.json", "summary.json"):
-        shutil.copyfile(run_dir / name, target / name)
-    whole = _round_episodes(yaml.safe_load((run_dir / "config.yaml").read_text()))
-    episodes = _episodes_logged(run_dir)
-    with open(target / CURVE, "w", newline="") as out:
+        shutil.copyfile(run_dir / name, partial / name)
+    with open(partial / CURVE, "w", newline="") as out:
         writer = csv.writer(out)
         writer.writerow(COLUMNS)
         for p in points:
             writer.writerow([p.env_steps, f"{p.seconds:.1f}", f"{p.mean:.4f}", f"{p.std:.4f}",
                              episodes.get(p.env_steps, whole)])
+    partial.rename(target)
     return target
+
+
+def _config_named(command: str) -> str | None:
+    """The file name of the first YAML config a command names (None: it names none)."""
+    found = re.search(r"(\S+)\.yaml\b", command)
+    return Path(found.group(0)).name if found else None
+
+
+def _benchmark_command(folder: Path) -> str:
+    try:
+        return str(yaml.safe_load((folder / "benchmark.yaml").read_text()).get("command", ""))
+    except (yaml.YAMLError, AttributeError) as e:
+        raise ResultsError(f"{folder / 'benchmark.yaml'}: {type(e).__name__}: {e}") from None
 
 
 def whole_games_path(run_dir: Path, benchmark: str, results: Path = RESULTS) -> Path:

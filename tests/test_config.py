@@ -186,6 +186,21 @@ def test_cli_refuses_bad_input_with_one_line_and_exit_2(args, key, capsys, monke
     assert lines[0].startswith(f"rl_dqn: config error: {key}: ")
 
 
+@pytest.mark.parametrize("role", [["collector", "cluster.world_size=3", "cluster.rank=1", "cluster.interface=lo"],
+                                  ["local"]])
+def test_env_rendezvous_without_its_variables_is_refused_before_any_role_starts(role, capsys, monkeypatch, tmp_path):
+    from rl_dqn.cli import main
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr("rl_dqn.cli.RUNS_DIR", tmp_path)
+    for name in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE"):
+        monkeypatch.delenv(name, raising=False)
+    assert main([role[0], "configs/smoke.yaml", "cluster.init_method=env://", *role[1:]]) == 2
+    err = capsys.readouterr().err
+    assert err == "rl_dqn: config error: cluster.init_method: is env:// but MASTER_ADDR and MASTER_PORT are not " \
+                  "set\n", err
+    assert not any(tmp_path.iterdir())
+
+
 def test_python_m_rl_dqn_refuses_bad_input_with_one_line_and_exit_2():
     result = _cli("local", "configs/smoke.yaml", "train.bach_size=3")
     assert result.returncode == 2, result.stderr

@@ -105,16 +105,21 @@ def test_the_plot_command_draws_every_run_into_a_png_and_prints_their_times(tmp_
 
 
 @pytest.mark.parametrize("args, message", [
-    (["{missing}"], "holds no TensorBoard events"),
+    (["{missing}"], "missing: no such folder"),
+    (["{tmp}"], "holds no TensorBoard events"),
     (["{empty}"], "has no evaluations with times"),
     (["{empty}", "--out", "{tmp}/curve.jpg"], "--out must name a .png file"),
+    (["{empty}", "--out", "{tmp}/a.png"], "--out must name a .png file, got '{tmp}/a.png', a folder"),
     (["{empty}", "--labels", "a,b"], "--labels gives 2 labels for 1 runs"),
+    (["{empty}", "{empty}", "--labels", "x,x"], "each run needs a label of its own; x names more than one"),
 ])
 def test_the_plot_command_refuses_what_it_cannot_draw_with_one_line(tmp_path, args, message):
     writer = SummaryWriter(str(tmp_path / "empty"))   # a run stopped before its first evaluation
     writer.add_scalar("learner/loss", 1.0, 1)
     writer.close()
+    (tmp_path / "a.png").mkdir()
     args = [a.format(missing=tmp_path / "missing", empty=tmp_path / "empty", tmp=tmp_path) for a in args]
+    message = message.format(tmp=tmp_path)
     result = subprocess.run([sys.executable, "-m", "rl_dqn.plot", *args], cwd=ROOT, capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 2

@@ -88,6 +88,19 @@ def test_what_cannot_be_recorded_is_refused_with_one_line(store):
     (run / "run.json").unlink()
     with pytest.raises(results.ResultsError, match="is not a finished run: it has no run.json"):
         results.record(run, "pong_here", store / "results")
+    # A run of another config is not this benchmark's; one whose files cannot be read leaves no half a record.
+    (run / "run.json").write_text(json.dumps({"command": ["rl_dqn", "local", "configs/smoke.yaml"]}))
+    with pytest.raises(results.ResultsError, match="ran smoke.yaml, and benchmark pong_here runs pong_cpu.yaml"):
+        results.record(run, "pong_here", store / "results")
+    (run / "run.json").write_text(json.dumps({"command": ["rl_dqn", "local", "configs/pong_cpu.yaml"]}))
+    config = (run / "config.yaml").read_text()
+    for broken in ("eval: [", config.replace("eval:", "evaluation:")):
+        (run / "config.yaml").write_text(broken)
+        with pytest.raises(results.ResultsError, match="cannot be read"):
+            results.record(run, "pong_here", store / "results")
+    assert sorted(p.name for p in (store / "results" / "pong_here").iterdir()) == ["benchmark.yaml"]
+    (run / "config.yaml").write_text(config)
+    assert results.record(run, "pong_here", store / "results").name == "pong-s1"
 
 
 def test_runs_reported_before_records_keep_their_table_marked_as_such(store):
