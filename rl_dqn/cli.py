@@ -6,7 +6,7 @@
 - collector:  one collector process (what `collectors` and `local` start)
 - worker:     one process of the run by its rank, torchrun-style: the learner for rank 0, else that collector
 Each takes CONFIG [section.key=value ...]. The tools take their own arguments (`rl-dqn TOOL --help`):
-- play:       a trained agent's greedy episodes and video (rl_dqn.evaluate, ./launch/play.sh)
+- play:       a trained agent's episodes at eval.epsilon and video (rl_dqn.evaluate, ./launch/play.sh)
 - doctor:     what this machine is to rl_dqn and whether a config can run here (rl_dqn.doctor, ./launch/doctor.sh)
 - plot:       learning curves of runs (rl_dqn.plot)
 - results:    docs/results.md from the records under results/ (rl_dqn.results)
@@ -42,7 +42,7 @@ RUNS_DIR = Path(os.environ.get("RL_DQN_RUNS_DIR") or Path(__file__).resolve().pa
 
 
 # The tools, each a module whose main(argv) parses its own arguments: `rl-dqn plot ...` is `python -m rl_dqn.plot ...`.
-TOOLS = {"play": ("rl_dqn.evaluate", "play a trained agent: greedy episodes, mean +- std, a video"),
+TOOLS = {"play": ("rl_dqn.evaluate", "play a trained agent: episodes at eval.epsilon, mean +- std, a video"),
          "doctor": ("rl_dqn.doctor", "what this machine is to rl_dqn; whether a config can run here"),
          "plot": ("rl_dqn.plot", "learning curves of runs"),
          "results": ("rl_dqn.results", "docs/results.md from the records under results/")}
@@ -469,7 +469,7 @@ def _learner(cfg: Config, args) -> int:
     startup = StartupClock(launched_at())
     startup.mark("modules loaded")
     # Adam's first construction imports torch._dynamo (torch.optim's methods are wrapped to keep it out), which
-    # takes about as long as importing torch: imported with the rest (under a node, while it checks the run), and
+    # is a large import of its own: imported with the rest (under a node, while it checks the run), and
     # marked apart.
     import torch._dynamo  # noqa: F401
     startup.mark("torch._dynamo imported")

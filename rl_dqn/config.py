@@ -71,10 +71,8 @@ class NetworkConfig:
     frame (counted on every 4th pixel each way), so that the background enters as 0 in any game. Most of an Atari
     screen is one flat background (Pong's grey, Breakout's black), and a background far from 0 gives every
     first-layer filter a large input of one sign everywhere: a filter pushed below zero there is below zero on every
-    screen, and a ReLU passes it no gradient, so it stays dead. In `configs/pong_cpu.yaml`'s runs with frames in
-    [0, 1] most first-layer filters died, and with `half` they lived and Adam's rate could double; on Breakout `half`
-    puts the black background at -0.5, and the second layer lost filters instead (docs/tried.md). A checkpoint's
-    network is read back with its own run's setting"""
+    screen, and a ReLU passes it no gradient, so it stays dead (what each setting did on Pong and Breakout:
+    docs/tried.md). A checkpoint's network is read back with its own run's setting"""
     norm: Literal["none", "layer"] = "none"
     """`layer`: each hidden fully connected layer's outputs (the head's hidden layer after a CNN torso, every layer of
     network.mlp_hidden) are normalized by LayerNorm, with a learned gain and bias, before their ReLU, as PQN's
@@ -275,9 +273,9 @@ class LearnerConfig:
     overlap: bool = True
     """a second thread computes the online network's values of each batch's next observations while the training
     thread computes those of its observations, then draws the next batch and evaluates the target network on it
-    during the backward pass and the optimizer step, which on a small CPU costs less CPU time than both threads'
-    cores on each operation in turn (docs/benchmarks.md). The same updates as without it, except that chunks
-    arriving during an update enter replay after the next batch was drawn"""
+    during the backward pass and the optimizer step: each thread runs whole operations on its own cores rather than
+    every operation being split over all of them (its figures: docs/benchmarks.md). The same updates as without
+    it, except that chunks arriving during an update enter replay after the next batch was drawn"""
     cuda_graph: bool = True
     """on a GPU, capture the whole update (sampling, both networks, the loss, new priorities, backward, Adam) as one
     CUDA graph and replay it, instead of launching its kernels one by one from Python; the same math. Ignored on
@@ -287,8 +285,8 @@ class LearnerConfig:
     checkpoint_every_updates: int = 50_000
     """updates between checkpoints (one is also written when the run ends)"""
     checkpoint_replay: bool = True
-    """checkpoints also hold the replay contents (the newest checkpoint's only; about 7 KB per Atari transition
-    held, 7 GB once a million are), so a resumed run has the data it had"""
+    """checkpoints also hold the replay contents (the newest checkpoint's only; an Atari transition is stored as its
+    one 84x84 frame, 7,056 bytes), so a resumed run has the data it had"""
     keep_checkpoints: int = 3
     """newest checkpoints kept in runs/<name>/checkpoints/"""
 

@@ -231,7 +231,7 @@ def node_steps(config: str, overrides: list[str], name: str) -> list[Step]:
     python = sys.executable
     return [
         Step("cuda tests of the update", [python, "-m", "pytest", "-q", "-m", "cuda", "tests/test_trainer.py",
-                                          "tests/test_sumtree.py", "tests/test_learner.py"], 45),
+                                          "tests/test_sumtree.py"], 45),
         Step("learner: eager and captured", [python, "benchmarks/learner.py", "--devices", "cuda", "--only",
                                              "NIPS, PER, 10-step", "--batches", "32,256", "--overlap", "on",
                                              "--graph", "on,off", "--seconds", "1.5", "--replay", "20000"], 80),
@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("config", nargs="?", default=None,
                         help=f"default {DEFAULT_CONFIG} ({NODE_CONFIG} with --gpu --quick)")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
-    parser.add_argument("--gpu", action="store_true", help="the GPU acceptance run (about 10 minutes)")
+    parser.add_argument("--gpu", action="store_true", help="the GPU acceptance run (several minutes)")
     parser.add_argument("--quick", action="store_true", help="with --gpu: a GPU node's figures for a node config "
                                                              "(at most 9 minutes)")
     args = parser.parse_args(argv)

@@ -57,9 +57,8 @@ def describe_precision(precision: str, device: torch.device | str) -> tuple[str,
     if precision == "auto":
         return f"{chosen} (network.precision=auto: {why})", None
     if chosen == "bf16" and not fast:
-        return chosen, (f"network.precision=bf16 on a device without fast bfloat16 ({why}): it is emulated, 2.5-10x "
-                        f"slower than fp32 (2.5x on an AVX-512 CPU, 10x on an AVX2 one); set network.precision=auto "
-                        f"or fp32")
+        return chosen, (f"network.precision=bf16 on a device without fast bfloat16 ({why}): it is emulated, several "
+                        f"times slower than fp32; set network.precision=auto or fp32")
     return chosen, None
 
 
