@@ -6,6 +6,7 @@ rl_dqn.config takes `EnvConfig` and `ConfigError` from here and loads the sectio
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -53,6 +54,10 @@ class EnvConfig:
 
     def __post_init__(self):
         require(self.id != "", "env.id", "must name a gymnasium environment, e.g. ALE/Pong-v5 or CartPole-v1")
+        # gymnasium's own form of an id (gymnasium.envs.registration's ENV_ID_RE): no spaces or other characters
+        require(re.fullmatch(r"(?:[\w:-]+/)?[\w:.-]+?(?:-v\d+)?", self.id) is not None, "env.id",
+                 f"must be a gymnasium id such as ALE/Pong-v5 or CartPole-v1 (letters, digits and _:.-/), "
+                 f"got {self.id!r}")
         require(self.envs_per_collector >= 1, "env.envs_per_collector", f"must be >= 1, got {self.envs_per_collector}")
         require(self.threads_per_collector >= 1, "env.threads_per_collector",
                  f"must be >= 1, got {self.threads_per_collector}")

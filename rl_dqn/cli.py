@@ -57,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
                        ("worker", "the learner (rank 0) or one collector, by cluster.rank or RANK")):
         p = sub.add_parser(name, help=text)
         p.add_argument("config", help="YAML file, e.g. configs/pong.yaml")
-        p.add_argument("overrides", nargs="*", metavar="section.key=value")
+        p.add_argument("overrides", nargs="*", default=[], metavar="section.key=value")   # a default: optional
         if name == "collector":
             p.add_argument("--local-index", type=int, default=0,
                            help="which of this node's collectors: rank = cluster.rank + local index")

@@ -551,7 +551,8 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> Config:
     """Reads a YAML config, applies `key=value` overrides and checks everything; raises ConfigError."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError("config", f"no such file: {path}")
+        raise ConfigError("config", f"{path} is a folder, not a YAML config file" if path.is_dir() else
+                                    f"no such file: {path}")
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except (yaml.YAMLError, UnicodeDecodeError, ValueError) as e:   # ValueError: a date or number YAML cannot make
@@ -567,7 +568,10 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> Config:
 
 
 def default_run_name(cfg: Config, config_name: str) -> str:
-    return f"{game_of(cfg.env.id)}__{config_name}__s{cfg.run.seed}__{time.strftime('%Y%m%d-%H%M%S')}"
+    """<game>__<config>__s<seed>__<date-time>, with any character run.name does not take (a ':' of an env id, a
+    space in a config's file name) written as '_'."""
+    name = f"{game_of(cfg.env.id)}__{config_name}__s{cfg.run.seed}__{time.strftime('%Y%m%d-%H%M%S')}"
+    return re.sub(r"[^A-Za-z0-9._+=-]", "_", name)
 
 
 def _apply_override(raw: dict, item: str) -> None:

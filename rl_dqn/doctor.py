@@ -319,6 +319,12 @@ def acceptance_run(config: str, overrides: list[str], runs_dir: Path, steps: lis
         print("doctor: no CUDA GPU here (torch.cuda.is_available() is False); the GPU acceptance run needs one",
               file=sys.stderr)
         return 2
+    if steps is None:   # a config that cannot load would fail every step: said once, before anything runs
+        try:
+            load(config, overrides)
+        except ConfigError as e:
+            print(f"doctor: config error: {e}", file=sys.stderr)
+            return 2
     name = f"doctor-{time.strftime('%Y%m%d-%H%M%S')}"
     folder = runs_dir / name
     folder.mkdir(parents=True, exist_ok=True)

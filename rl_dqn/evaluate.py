@@ -8,7 +8,6 @@ play.sh's --epsilon), report the raw score and can record env 0's first episode 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import multiprocessing
 import os
@@ -26,6 +25,7 @@ import torch
 from envs import EnvError, make_vector_env
 from rl_dqn import checkpoints, dqn
 from rl_dqn.config import Config, ConfigError, from_dict, to_dict
+from rl_dqn.console import OneLineParser
 from rl_dqn.network import QNetwork
 from rl_dqn.video import FORMATS, VideoError, VideoFile, fps_of, gif_bytes
 
@@ -199,7 +199,7 @@ def _evaluator_main(cfg_dict: dict, requests, results) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="./launch/play.sh", description="Plays a trained agent: episodes of a run's "
+    parser = OneLineParser(prog="./launch/play.sh", description="Plays a trained agent: episodes of a run's "
                                      "newest checkpoint (its best-scoring one with --best, or a given file), "
                                      "epsilon-greedy at the run's eval.epsilon unless --epsilon says otherwise; "
                                      "their mean raw score, and a video of env 0's first episode.")
@@ -221,13 +221,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--video-max-steps", type=int, default=None,
                         help="stop recording after this many agent steps (default: 27,000, a whole Atari episode, "
                              "for an mp4, which is written as it plays; 3,000 for a gif, which is held in memory)")
+    parser.name = "play"
     args = parser.parse_args(argv)
     if args.episodes < 1:
         parser.error(f"--episodes must be >= 1, got {args.episodes}")
     if args.epsilon is not None and not 0.0 <= args.epsilon <= 1.0:
         parser.error(f"--epsilon must be in [0, 1], got {args.epsilon}")
-    if args.video is not None and args.video.suffix.lower() not in FORMATS:
-        parser.error(f"--video must name a {' or '.join(FORMATS)} file, got {str(args.video)!r}")
+    if args.video is not None and (args.video.suffix.lower() not in FORMATS or args.video.is_dir()):
+        parser.error(f"--video must name a {' or '.join(FORMATS)} file, got {str(args.video)!r}"
+                     + (", a folder" if args.video.is_dir() else ""))
     if args.video_max_steps is not None and args.video_max_steps < 1:
         parser.error(f"--video-max-steps must be >= 1, got {args.video_max_steps}")
     if not args.run.exists():
@@ -242,8 +244,11 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as e:
         return _fail(str(e))
     except (RuntimeError, KeyError, TypeError, ValueError, pickle.UnpicklingError, EOFError) as e:
-        return _fail(f"{checkpoint} is not an rl_dqn checkpoint ({type(e).__name__}: "
-                     f"{str(e).strip().splitlines()[0] if str(e).strip() else ''})")
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        if reason.startswith("Weights only load failed"):   # torch's advice to load it unsafely: not for a user here
+            reason = "not a file torch.save wrote with tensors and plain data only"
+        return _fail(f"{checkpoint} is not an rl_dqn checkpoint (a run folder, runs/<name>, or a .pt file of its "
+                     f"checkpoints/; {type(e).__name__}: {reason})")
     if args.max_episode_frames is not None and args.max_episode_frames < cfg.env.frame_skip:
         parser.error(f"--max-episode-frames must be >= the run's env.frame_skip ({cfg.env.frame_skip}), got "
                      f"{args.max_episode_frames}")

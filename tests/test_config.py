@@ -100,7 +100,8 @@ def test_overrides_convert_like_a_person_means_them(tmp_path):
     ("train.n_step_decay_start_env_steps=-1", "train.n_step_decay_start_env_steps", ">= 0"),
     ("train.n_step_decay_start_env_steps=5000", "train.n_step_decay_end_env_steps",
      "> train.n_step_decay_start_env_steps (5000)"),
-    ("train.lr=2024-13-01", "train.lr", "must be a number, got '2024-13-01'"),   # not a date YAML can make
+    ("train.lr=2024-13-01", "train.lr", "must be a number, got '2024-13-01'"),
+    ("env.id=Pong v5", "env.id", "must be a gymnasium id such as ALE/Pong-v5"),   # not blamed on run.name   # not a date YAML can make
     ("run.seed=" + "9" * 5000, "run.seed", "must be an integer"),                  # more digits than Python reads
 ])
 def test_bad_values_name_their_key(override, key, allowed):

@@ -72,6 +72,13 @@ def test_the_gpu_acceptance_run_needs_a_gpu_and_says_so_in_one_line(doctor_here,
     assert not list(tmp_path.iterdir())
 
 
+def test_the_gpu_acceptance_run_of_a_config_that_cannot_load_stops_before_it_starts(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)   # the config is refused before any GPU is used
+    assert acceptance_run("configs/pong_gpu.yaml", ["train.lr=fast"], tmp_path, quick=True) == 2
+    assert capsys.readouterr().err == "doctor: config error: train.lr: must be a number, got 'fast'\n"
+    assert not list(tmp_path.iterdir())
+
+
 def test_the_acceptance_report_gives_each_check_its_result_error_and_figures(tmp_path):
     steps = [Step("a check that passes", [sys.executable, "-c", "print('round trip 0.74 ms')"], 60),
              Step("a check that fails", [sys.executable, "-c", "raise SystemExit('ValueError: no stream found')"], 60),

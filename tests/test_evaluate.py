@@ -123,8 +123,8 @@ def test_play_cuts_episodes_where_it_is_told_or_where_the_run_evaluates(tmp_path
     with pytest.raises(SystemExit) as exited:
         main([str(checkpoint), "--max-episode-frames", "3"])
     assert exited.value.code == 2
-    assert capsys.readouterr().err.splitlines()[-1] == \
-        "./launch/play.sh: error: --max-episode-frames must be >= the run's env.frame_skip (4), got 3"
+    assert capsys.readouterr().err.startswith(
+        "play: error: --max-episode-frames must be >= the run's env.frame_skip (4), got 3 (usage: ./launch/play.sh ")
 
 
 @pytest.mark.parametrize("args, error", [
@@ -133,18 +133,22 @@ def test_play_cuts_episodes_where_it_is_told_or_where_the_run_evaluates(tmp_path
     (["--epsilon", "2"], "--epsilon must be in [0, 1], got 2.0"),
     (["--video", "x.gif", "--video-max-steps", "0"], "--video-max-steps must be >= 1, got 0"),
     (["--best"], "--best takes a run folder, not a checkpoint file ({checkpoint})"),
+    (["--video", "{tmp}/a.mp4"], "--video must name a .mp4 or .gif file, got '{tmp}/a.mp4', a folder"),
+    (["--episodes", "many"], "argument --episodes: invalid int value: 'many'"),
 ])
 def test_play_refuses_bad_arguments_with_its_usage_and_exit_2(tmp_path, capsys, args, error):
     """./launch/play.sh's refusals of its arguments (its launcher's one line and exit code 2 for a path that is not
     there: tests/test_smoke_run.py)."""
     checkpoint = tmp_path / "checkpoint_000000001.pt"
     checkpoint.write_bytes(b"")   # a file, not a checkpoint: the arguments are refused before it would be read
+    (tmp_path / "a.mp4").mkdir()
     with pytest.raises(SystemExit) as exited:
-        main([str(checkpoint), *args])
+        main([str(checkpoint), *[a.format(tmp=tmp_path) for a in args]])
     assert exited.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("usage: ./launch/play.sh ") and "Traceback" not in err, err
-    assert err.splitlines()[-1] == "./launch/play.sh: error: " + error.format(checkpoint=checkpoint), err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("play: error: " + error.format(checkpoint=checkpoint, tmp=tmp_path) + " (usage: "
+                          "./launch/play.sh "), err
 
 
 def test_a_screened_round_plays_on_only_where_its_first_episodes_reached_the_screen_score():
@@ -219,3 +223,10 @@ def test_evaluation_steps_its_envs_on_eval_threads_and_acts_on_eval_device(devic
     assert len(scores[device]) == 4 and all(-21 <= s <= 21 for s in scores[device])
     if device == "cpu":
         assert scores["cpu"] == scores[device]
+
+
+def test_play_given_a_file_that_is_no_checkpoint_says_so_without_torchs_advice_to_load_it_unsafely(capsys):
+    assert main([str(ROOT / "configs/smoke.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"play: error: {ROOT / 'configs/smoke.yaml'} is not an rl_dqn checkpoint (a run folder, ")
+    assert err.count("\n") == 1 and "weights_only" not in err, err
