@@ -12,7 +12,6 @@ atari5.py reports it, and whether they match ATARI5 to 3 significant digits (exi
 
 from __future__ import annotations
 
-import argparse
 import ast
 import csv
 import math
@@ -26,6 +25,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import arguments  # noqa: E402  (benchmarks/arguments.py, beside this script)
 from rl_dqn.atari_scores import ATARI5  # noqa: E402
 
 # atari5.py builds this list inside run_init; these are its entries with the file's defaults
@@ -165,14 +165,13 @@ def same_to_3_digits(a: float, b: float) -> bool:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments.parser(__doc__)
     parser.add_argument("checkout", type=Path, help="a checkout of github.com/maitchison/Atari-5")
     checkout = parser.parse_args().checkout
     missing = [name for name in REQUIRED if not (checkout / name).is_file()]
     if missing:
-        print(f"error: {checkout} is not a checkout of github.com/maitchison/Atari-5 (no {', '.join(missing)})",
-              file=sys.stderr)
-        return 2
+        parser.error(f"checkout {checkout}: not a checkout of github.com/maitchison/Atari-5 (no "
+                     f"{', '.join(missing)})")
     x, y, qualified = fit_data(checkout)
     coefficients = fit(x, y)
     print(f"fitted on {len(y)} algorithms (of {qualified} with >= {MIN_GAMES} of the 57 games and a median "

@@ -13,9 +13,9 @@ after another and only the last ones wait. A mid-training Pong agent plays long 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import itertools
+import pickle
 import sys
 import time
 from pathlib import Path
@@ -25,6 +25,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import arguments  # noqa: E402  (benchmarks/arguments.py, beside this script)
 from envs import make_vector_env  # noqa: E402
 from rl_dqn import checkpoints  # noqa: E402
 from rl_dqn.evaluate import load_player, play  # noqa: E402
@@ -32,19 +33,32 @@ from rl_dqn.system import configure_process  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments.parser(__doc__)
     parser.add_argument("run", type=Path, help="a run folder (its newest checkpoint) or a checkpoint file")
-    parser.add_argument("--envs", default="20,8,4", help="envs side by side to compare (default 20,8,4)")
-    parser.add_argument("--threads", default="1", help="ALE threads stepping the envs to compare (default 1)")
-    parser.add_argument("--episodes", type=int, default=20)
-    parser.add_argument("--epsilon", type=float, default=0.005)
-    parser.add_argument("--max-episode-frames", type=int, default=18_000,
+    parser.add_argument("--envs", type=arguments.counts, default=[20, 8, 4],
+                        help="envs side by side to compare (default 20,8,4)")
+    parser.add_argument("--threads", type=arguments.counts, default=[1],
+                        help="ALE threads stepping the envs to compare (default 1)")
+    parser.add_argument("--episodes", type=arguments.count, default=20)
+    parser.add_argument("--epsilon", type=arguments.probability, default=0.005)
+    parser.add_argument("--max-episode-frames", type=arguments.count, default=18_000,
                         help="evaluation time limit in emulator frames (eval.max_episode_frames; default 18,000)")
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
     configure_process()   # as the evaluator process does
-    checkpoint = checkpoints.newest(args.run) if args.run.is_dir() else args.run
-    cfg, network = load_player(checkpoint)
+    try:
+        checkpoint = checkpoints.newest(args.run) if args.run.is_dir() else args.run
+        if not checkpoint.is_file():
+            raise FileNotFoundError(f"no such run folder or checkpoint file: {checkpoint}")
+        cfg, network = load_player(checkpoint)
+    # What torch.load and a checkpoint of another version raise; a zero-byte file is EOFError.
+    except (OSError, EOFError, RuntimeError, KeyError, TypeError, ValueError, pickle.UnpicklingError) as e:
+        if isinstance(e, FileNotFoundError):
+            parser.error(f"run {args.run}: {e}")
+        why = (str(e).strip().splitlines() or [""])[0]   # load_state_dict's errors run over several lines
+        if isinstance(e, EOFError):
+            why = "the file is empty" if checkpoint.stat().st_size == 0 else "the file is cut short"
+        parser.error(f"run {args.run}: cannot load {checkpoint} ({type(e).__name__}: {why})")
     torch.set_num_threads(cfg.eval.torch_threads)
     # The evaluator's env: training's with the run's eval.sticky_action_prob (see Config.eval_env).
     env_cfg = dataclasses.replace(cfg.eval_env, max_episode_frames=args.max_episode_frames)
@@ -52,8 +66,7 @@ def main() -> None:
           f"{env_cfg.sticky_action_prob:g}, cut at {args.max_episode_frames:,} frames, {cfg.eval.torch_threads} torch "
           f"thread(s) ({time.strftime('%Y-%m-%d')})", flush=True)
     print(f"  {'envs':>4} {'threads':>7} {'wall s':>8} {'CPU s':>8} {'score':>7}   episodes", flush=True)
-    for envs, threads in itertools.product((int(n) for n in args.envs.split(",")),
-                                           [int(n) for n in args.threads.split(",")]):
+    for envs, threads in itertools.product(args.envs, args.threads):
         env = make_vector_env(dataclasses.replace(env_cfg, threads_per_collector=threads), envs, seed=args.seed)
         started, cpu = time.perf_counter(), time.process_time()
         try:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import tempfile
 import time
@@ -32,8 +33,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import arguments  # noqa: E402  (benchmarks/arguments.py, beside this script)
 from envs import EnvSpec  # noqa: E402
-from rl_dqn.config import load_config  # noqa: E402
+from rl_dqn.config import Config, ConfigError, load_config  # noqa: E402
 from rl_dqn.learner import Learner  # noqa: E402
 from rl_dqn.trainer import torch_threads  # noqa: E402
 from rl_dqn.system import configure_process  # noqa: E402
@@ -77,12 +79,16 @@ def timed(call, device: torch.device, seconds: float) -> tuple[float, float]:
     return (time.perf_counter() - started) / calls, (time.process_time() - cpu) / calls
 
 
-def filled_learner(config: str, overrides: list[str], device: str, batch: int, transitions: int,
-                   run_dir: Path) -> Learner:
-    cfg = load_config(ROOT / "configs" / config, [
+def setup_config(config: str, overrides: list[str], device: str, batch: int, transitions: int) -> Config:
+    return load_config(ROOT / "configs" / config, [
         "run.name=bench", f"learner.device={device}", f"train.batch_size={batch}", "collectors.count=2",
         "env.envs_per_collector=8", f"train.replay_capacity={transitions}", "train.learning_starts=1000",
         *overrides])
+
+
+def filled_learner(config: str, overrides: list[str], device: str, batch: int, transitions: int,
+                   run_dir: Path) -> Learner:
+    cfg = setup_config(config, overrides, device, batch, transitions)
     learner = Learner(cfg, SPEC, run_dir, device=device)
     T, E = 64, cfg.env.envs_per_collector
     generator = torch.Generator().manual_seed(0)
@@ -140,11 +146,11 @@ def variants(device: str, overlap: list[str], graph: list[str]) -> list[tuple[st
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=10.0, help="seconds per measurement")
-    parser.add_argument("--batches", default="32,256,512")
+    parser = arguments.parser(__doc__)
+    parser.add_argument("--seconds", type=arguments.positive, default=10.0, help="seconds per measurement")
+    parser.add_argument("--batches", type=arguments.counts, default=[32, 256, 512])
     parser.add_argument("--devices", default="cpu,cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--replay", type=int, default=200_000, help="transitions in the replay")
+    parser.add_argument("--replay", type=arguments.count, default=200_000, help="transitions in the replay")
     parser.add_argument("--overlap", default="on,off", type=on_off,
                         help="learner.overlap settings to measure: on, off or on,off")
     parser.add_argument("--graph", default="on,off", type=on_off,
@@ -153,6 +159,25 @@ def main() -> None:
     parser.add_argument("--profile", type=int, default=0, metavar="UPDATES",
                         help="after each measurement, profile this many updates and print the costliest operators")
     args = parser.parse_args()
+    if args.profile < 0:
+        parser.error(f"--profile must be >= 0 updates, got {args.profile}")
+    setups = {label: setup for label, setup in SETUPS.items() if args.only in label}
+    if not setups:
+        parser.error(f"--only {args.only!r} is in no setup's label: {'; '.join(SETUPS)}")
+    devices = args.devices.split(",")
+    for device in devices:
+        cuda = re.fullmatch(r"cuda(?::(\d+))?", device)
+        if cuda and torch.cuda.device_count() <= int(cuda[1] or 0):
+            parser.error(f"--devices {args.devices}: no {device} here ({torch.cuda.device_count()} GPU(s))")
+        # Every setup's config is built before any measures: one that is refused would end the benchmark midway.
+        for config, overrides in setups.values():
+            for batch in args.batches:
+                try:
+                    setup_config(config, overrides, device, batch, args.replay)
+                except ConfigError as e:
+                    flag = {"learner.device": f"--devices {args.devices}", "train.batch_size": f"--batches {batch}",
+                            "train.replay_capacity": f"--replay {args.replay}"}.get(e.key, f"{config}")
+                    parser.error(f"{flag}: {e}")
     configure_process()   # as the learner process does
     gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
     print(f"rl_dqn learner on {os.cpu_count()} CPU cores{gpu}, torch {torch.__version__}, replay "
@@ -161,11 +186,9 @@ def main() -> None:
     print(f"  {'device':<6} {'replay and network':<{width}} {'overlap':>7} {'graph':>5} {'batch':>5} {'updates/s':>10} "
           f"{'samples/s':>10} {'CPU ms':>8} {'sampling share':>15}", flush=True)
     failed = False
-    for device in args.devices.split(","):
-        for label, (config, overrides) in SETUPS.items():
-            if args.only not in label:
-                continue
-            for batch in (int(b) for b in args.batches.split(",")):
+    for device in devices:
+        for label, (config, overrides) in setups.items():
+            for batch in args.batches:
                 for overlap, graph in variants(device, args.overlap, args.graph):
                     with tempfile.TemporaryDirectory() as run_dir:
                         settings = [f"learner.overlap={ON_OFF.get(overlap, 'false')}",

@@ -69,6 +69,8 @@ from typing import NamedTuple
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import arguments  # noqa: E402  (benchmarks/arguments.py, beside this script)
+from rl_dqn.config import ConfigError, load_config  # noqa: E402
 from rl_dqn.console import LAUNCHED_AT_ENV, duration  # noqa: E402
 from rl_dqn.plot import EvalPoint, PlotError, first_reaching, load_events, read_evals, score_list, table  # noqa: E402
 from rl_dqn.results import (RESULTS, GameRun, ResultsError, games_text, record, return_at_epsilon,  # noqa: E402
@@ -333,25 +335,26 @@ def _cpu_by_role(run_dir: Path) -> dict[str, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments.parser(__doc__)
     parser.add_argument("config", help="e.g. configs/pong_cpu.yaml")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     parser.add_argument("--seeds", default="1", help="seeds, run one after another (default 1)")
     parser.add_argument("--games", default="", help="Atari games, each run as env.id=ALE/<Game>-v5 for every seed, "
                                                     "e.g. BattleZone,DoubleDunk,NameThisGame,Phoenix,Qbert")
-    parser.add_argument("--minutes", type=float, default=10.0, help="wall minutes per run (default 10)")
-    parser.add_argument("--stop-at", type=float, default=None, help="stop a run once an evaluation reaches this")
+    parser.add_argument("--minutes", type=arguments.positive, default=10.0, help="wall minutes per run (default 10)")
+    parser.add_argument("--stop-at", type=arguments.finite, default=None,
+                        help="stop a run once an evaluation reaches this")
     parser.add_argument("--scores", type=score_list, default=None,
                         help="scores whose time the table gives (default 0,10,18, Pong's; none with --games)")
     for role, who, then in (("collector", "collector0", " (its launcher starts a new one)"),
                             ("learner", "the learner", ", then resume the run")):
         group = parser.add_mutually_exclusive_group()
-        group.add_argument(f"--kill-{role}-at", type=float, default=None, metavar="MINUTES",
+        group.add_argument(f"--kill-{role}-at", type=arguments.non_negative, default=None, metavar="MINUTES",
                            help=f"SIGKILL {who} this many minutes after launch{then}")
         group.add_argument(f"--kill-{role}-at-env-steps", type=int, default=None, metavar="N",
                            help=f"SIGKILL {who} once the run has taken N env steps, as its learner last printed "
                                 f"them{then}")
-    parser.add_argument("--downtime", type=float, default=30.0, metavar="SECONDS",
+    parser.add_argument("--downtime", type=arguments.non_negative, default=30.0, metavar="SECONDS",
                         help="seconds between the killed learner's run stopping and its resumption (default 30)")
     parser.add_argument("--record", default="", metavar="BENCHMARK",
                         help="keep each seed that ran to its end or its time limit as a record in "
@@ -360,15 +363,18 @@ def main() -> int:
     parser.add_argument("--whole-games", type=int, default=0, metavar="N",
                         help="with --record: each recorded run's final weights then play N whole games into its "
                              "record (benchmarks/whole_games.py; default 0, none)")
-    parser.add_argument("--prefix", default="", help="run names are <prefix>-s<seed> (default: the config's name "
-                                                     "and the time)")
+    parser.add_argument("--prefix", type=arguments.folder_name, default="",
+                        help="run names are <prefix>-s<seed> (default: the config's name and the time)")
     args = parser.parse_intermixed_args()
     try:
         seeds = [int(s) for s in args.seeds.split(",")]
     except ValueError:
         parser.error(f"--seeds must be integers separated by commas, got {args.seeds!r}")
-    if args.minutes <= 0:
-        parser.error(f"--minutes must be > 0, got {args.minutes}")
+    if min(seeds) < 0:
+        parser.error(f"--seeds must be integers >= 0 (run.seed), got {args.seeds!r}")
+    # A seed given twice would run twice, its second run's log overwriting the first's.
+    if len(set(seeds)) != len(seeds):
+        parser.error(f"--seeds names a seed twice: {args.seeds}")
     if not (ROOT / args.config).is_file() and not Path(args.config).is_file():
         parser.error(f"no such config: {args.config}")
     games = _games(parser, args)
@@ -380,6 +386,13 @@ def main() -> int:
     plan = [(f"{prefix}-{game}-s{seed}" if game else f"{prefix}-s{seed}", game, seed,
              [*args.overrides, f"env.id=ALE/{game}-v5"] if game else args.overrides)
             for game in games or [None] for seed in seeds]
+    # Checked as each launch checks it, so that a bad override is one line here and not one refused launch per seed.
+    config = ROOT / args.config if (ROOT / args.config).is_file() else Path(args.config)   # as launch finds it
+    for name, _, seed, overrides in plan:
+        try:
+            load_config(config, [f"run.seed={seed}", f"run.name={name}", *overrides])
+        except ConfigError as e:
+            parser.error(arguments.config_error(e, args.config, overrides, "override"))
     # A run there would be refused (exit code 2), and so resumed, and timed, as if it were this seed's.
     if args.record and not (args.results / args.record / "benchmark.yaml").is_file():
         parser.error(f"--record {args.record}: no such benchmark in {_shown(args.results)} (a folder with a "
@@ -491,8 +504,6 @@ def _summary_figures(run_dir: Path) -> tuple[int | None, float | None]:
 def _kill_at(parser: argparse.ArgumentParser, args, role: str) -> Kill | None:
     minutes, env_steps = getattr(args, f"kill_{role}_at"), getattr(args, f"kill_{role}_at_env_steps")
     if minutes is not None:
-        if minutes < 0:
-            parser.error(f"--kill-{role}-at must be >= 0, got {minutes}")
         return Kill(60 * minutes)
     if env_steps is not None:
         if env_steps < 1:

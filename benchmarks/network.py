@@ -16,7 +16,6 @@ run compare, since these machines are noisy.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import os
 import sys
@@ -28,6 +27,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import arguments  # noqa: E402  (benchmarks/arguments.py, beside this script)
 from rl_dqn.network import QNetwork, fast_bfloat16  # noqa: E402
 from rl_dqn.system import keep_freed_memory  # noqa: E402
 
@@ -78,8 +78,8 @@ def adam(args) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=2.0, help="seconds per figure")
+    parser = arguments.parser(__doc__)
+    parser.add_argument("--seconds", type=arguments.positive, default=2.0, help="seconds per figure")
     args = parser.parse_args()
     keep_freed_memory()
     torch.set_num_threads(1)

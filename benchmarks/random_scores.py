@@ -10,7 +10,6 @@ each config (env.id=ALE/<Game>-v5); `--set` overrides apply to every config (e.g
 
 from __future__ import annotations
 
-import argparse
 import csv
 import sys
 import time
@@ -21,8 +20,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from envs import make_vector_env  # noqa: E402
-from envs.config import game_of  # noqa: E402
+import arguments  # noqa: E402  (benchmarks/arguments.py, beside this script)
+from envs import EnvError, describe_env, make_vector_env  # noqa: E402
+from envs.config import ConfigError, game_of  # noqa: E402
 from rl_dqn.config import load_config  # noqa: E402
 from rl_dqn.evaluate import play  # noqa: E402
 from rl_dqn.network import QNetwork  # noqa: E402
@@ -32,9 +32,9 @@ GAME_CONFIGS = ["pong.yaml", "breakout.yaml", "space_invaders.yaml", "seaquest.y
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments.parser(__doc__)
     parser.add_argument("configs", nargs="*", default=[str(ROOT / "configs" / name) for name in GAME_CONFIGS])
-    parser.add_argument("--episodes", type=int, default=20)
+    parser.add_argument("--episodes", type=arguments.count, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--set", action="append", default=[], metavar="section.key=value",
                         help="an override applied to every config")
@@ -44,12 +44,28 @@ def main() -> int:
                              "results/atari_cpu/random.csv, which docs/results.md shows beside the games")
     args = parser.parse_args()
     games = [g.strip() for g in args.games.split(",") if g.strip()]
+    # The CSV is written once every game has played: a folder it cannot go into would lose all of them.
+    if args.csv and (args.csv.is_dir() or not args.csv.parent.is_dir()):
+        parser.error(f"--csv {args.csv}: " + ("is a folder; give a file's path" if args.csv.is_dir() else
+                                               f"no folder {args.csv.parent} to write it into"))
+    # Every config with every game is checked, and each game made once, before any plays.
+    plan, described = [], set()
+    for path, game in [(path, game) for path in args.configs for game in games or [None]]:
+        try:
+            cfg = load_config(path, [*args.set, *([f"env.id=ALE/{game}-v5"] if game else [])])
+            if cfg.env.id not in described:
+                describe_env(cfg.eval_env)
+                described.add(cfg.env.id)
+        except ConfigError as e:
+            parser.error(arguments.config_error(e, path, args.set, "--set"))
+        except EnvError as e:
+            parser.error(f"--games {game}: {e}" if game else f"{path}: {e}")
+        plan.append((path, game, cfg))
     torch.set_num_threads(1)
     print(f"{'config':<22} {'game':<22} {'episodes':>8} {'score mean +- std':>20} {'min':>7} {'max':>7} "
           f"{'seconds':>8}")
     rows = []
-    for path, game in [(path, game) for path in args.configs for game in games or [None]]:
-        cfg = load_config(path, [*args.set, *([f"env.id=ALE/{game}-v5"] if game else [])])
+    for path, game, cfg in plan:
         env = make_vector_env(cfg.eval_env, args.episodes, seed=args.seed)
         # Epsilon 1: the network is never consulted for the choice, only shaped for the env.
         network = QNetwork.for_env(env.spec.obs_shape, env.spec.num_actions, cfg.network, "cpu").eval()

@@ -10,7 +10,6 @@ Needs about 8 GB of free memory at the default size.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import arguments  # noqa: E402  (benchmarks/arguments.py, beside this script)
 from rl_dqn.config import load_config  # noqa: E402
 from rl_dqn.replay import ReplayMemory  # noqa: E402
 from rl_dqn.types import Chunk  # noqa: E402
@@ -33,12 +33,16 @@ def resident_bytes() -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--transitions", type=int, default=1_000_000)
+    parser = arguments.parser(__doc__)
+    parser.add_argument("--transitions", type=arguments.count, default=1_000_000)
     args = parser.parse_args()
     torch.set_num_threads(1)
     cfg = load_config(ROOT / "configs/pong.yaml", [])
     collectors, E, T = cfg.collectors.count, cfg.env.envs_per_collector, cfg.collectors.chunk_steps
+    least = collectors * E * (4 + 1 + 1)   # each lane holds a frame stack of 4 and a 1-step transition
+    if args.transitions < least:
+        parser.error(f"--transitions must be >= {least:,} ({collectors * E} lanes of at least 6 steps), got "
+                     f"{args.transitions:,}")
     before = resident_bytes()
     replay = ReplayMemory(args.transitions, collectors * E, (84, 84), torch.uint8, frame_stack=4)
     generator = torch.Generator().manual_seed(0)

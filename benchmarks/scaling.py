@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import signal
@@ -36,6 +37,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import arguments  # noqa: E402  (benchmarks/arguments.py, beside this script)
+from rl_dqn.config import ConfigError, load_config  # noqa: E402
 from rl_dqn.plot import load_events  # noqa: E402
 
 SETTINGS = ["train.learning_starts=5000", "eval.every_env_steps=0", "learner.checkpoint_replay=false",
@@ -63,8 +66,8 @@ def ratio_list(text: str) -> list[float]:
         values = [float(v) for v in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be numbers separated by commas, got {text!r}") from None
-    if not values or min(values) < 0:
-        raise argparse.ArgumentTypeError(f"must be numbers >= 0, got {text!r}")
+    if not values or not all(0 <= v < math.inf for v in values):   # nan is neither
+        raise argparse.ArgumentTypeError(f"must be finite numbers >= 0, got {text!r}")
     return values
 
 
@@ -143,7 +146,7 @@ def _cell(value: float | None, spec: str) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments.parser(__doc__)
     parser.add_argument("config", help="e.g. configs/pong_gpu.yaml")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     parser.add_argument("--collectors", type=count_list, default=[1, 2, 4, 8],
@@ -151,15 +154,30 @@ def main() -> int:
     parser.add_argument("--ratios", type=ratio_list, default=[2.0, 0.0], help="train.replay_ratio values (default 2,0)")
     parser.add_argument("--transports", type=transport_list, default=["cpu"],
                         help="transport.kind values: cpu, cuda or cpu,cuda (default cpu)")
-    parser.add_argument("--seconds", type=float, default=30.0, help="seconds measured per run (default 30)")
-    parser.add_argument("--prefix", default="", help="run names are <prefix>-<transport>-c<N>-r<R> (default: scaling "
-                                                     "and the time)")
+    parser.add_argument("--seconds", type=arguments.positive, default=30.0,
+                        help="seconds measured per run (default 30)")
+    parser.add_argument("--prefix", type=arguments.folder_name, default="",
+                        help="run names are <prefix>-<transport>-c<N>-r<R> (default: scaling and the time)")
     args = parser.parse_intermixed_args()
     if not (ROOT / args.config).is_file() and not Path(args.config).is_file():
         parser.error(f"no such config: {args.config}")
-    if args.seconds <= 0:
-        parser.error(f"--seconds must be > 0, got {args.seconds}")
     prefix = args.prefix or f"scaling-{time.strftime('%Y%m%d-%H%M%S')}"
+    # Each combination is checked as its launch checks it: a refused one is a line in the output, easily missed.
+    config = ROOT / args.config if (ROOT / args.config).is_file() else Path(args.config)   # as launch finds it
+    for transport in args.transports:
+        for ratio in args.ratios:
+            for count in args.collectors:
+                name = f"{prefix}-{transport}-c{count}-r{ratio:g}"
+                try:
+                    load_config(config, [f"run.name={name}", *SETTINGS,
+                                         f"collectors.count={count}", f"train.replay_ratio={ratio:g}",
+                                         f"transport.kind={transport}", *args.overrides])
+                except ConfigError as e:
+                    parser.error(arguments.config_error(e, args.config, args.overrides, "override"))
+                # A combination found taken midway would end the benchmark there, with what ran before it lost.
+                if (runs_dir() / name).exists():
+                    parser.exit(2, f"{parser.prog}: error: {runs_dir() / name} already holds a run; choose another "
+                                   f"--prefix\n")
     runs_dir().mkdir(parents=True, exist_ok=True)
     rows = []
     header = (f"{'transport':>9} {'collectors':>10} {'ratio':>5} {'env steps/s':>11} {'updates/s':>9} "
@@ -169,10 +187,6 @@ def main() -> int:
         for ratio in args.ratios:
             for count in args.collectors:
                 name = f"{prefix}-{transport}-c{count}-r{ratio:g}"
-                if (runs_dir() / name).exists():
-                    print(f"scaling.py: error: {runs_dir() / name} already holds a run; choose another --prefix",
-                          file=sys.stderr)
-                    return 2
                 settings = [*SETTINGS, f"collectors.count={count}", f"train.replay_ratio={ratio:g}",
                             f"transport.kind={transport}", *args.overrides]
                 code, problem = run_one(args.config, name, settings, args.seconds, ratio > 0,

@@ -9,7 +9,6 @@ replay ever shrank), and the learner's memory over the run (resident set size, f
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -23,6 +22,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import arguments  # noqa: E402  (benchmarks/arguments.py, beside this script)
+from rl_dqn.config import ConfigError, load_config  # noqa: E402
 
 
 def rss_mb(pid: int) -> float | None:
@@ -46,19 +49,24 @@ def pids_of(run: str) -> dict[str, int]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments.parser(__doc__)
     parser.add_argument("config", nargs="?", default="configs/smoke.yaml")
-    parser.add_argument("overrides", nargs="*")
-    parser.add_argument("--minutes", type=float, default=30.0)
-    parser.add_argument("--kill-every-s", type=float, default=180.0)
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value")
+    parser.add_argument("--minutes", type=arguments.positive, default=30.0)
+    parser.add_argument("--kill-every-s", type=arguments.positive, default=180.0)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rng = random.Random(args.seed)
-    runs = Path(os.environ.get("RL_DQN_RUNS_DIR") or tempfile.mkdtemp(prefix="soak-"))
     run = f"soak-{time.strftime('%Y%m%d-%H%M%S')}"
-    command = [sys.executable, "-m", "rl_dqn", "local", args.config, f"run.name={run}",
-               "train.total_env_steps=1000000000000", "metrics.interval_s=5", "eval.every_env_steps=0",
-               *args.overrides]
+    settings = [f"run.name={run}", "train.total_env_steps=1000000000000", "metrics.interval_s=5",
+                "eval.every_env_steps=0", *args.overrides]
+    # Checked as the launch checks it, before a folder for the run is made: a refused run leaves no summary to read.
+    try:
+        load_config(ROOT / args.config, settings)
+    except ConfigError as e:
+        parser.error(arguments.config_error(e, args.config, args.overrides, "override"))
+    runs = Path(os.environ.get("RL_DQN_RUNS_DIR") or tempfile.mkdtemp(prefix="soak-"))
+    command = [sys.executable, "-m", "rl_dqn", "local", args.config, *settings]
     env = dict(os.environ, RL_DQN_RUNS_DIR=str(runs), PYTHONPATH=str(ROOT))
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True)

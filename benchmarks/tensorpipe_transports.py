@@ -20,6 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import arguments  # noqa: E402  (benchmarks/arguments.py, beside this script)
+
 CHOICES = [["uv"], ["shm", "uv"]]
 
 
@@ -79,6 +81,7 @@ def _worker(rank: int, port: int, transports: list[str], chunk_steps: int, envs:
 
 
 def main() -> None:
+    arguments.parser(__doc__).parse_args()   # it takes none: a flag meant for another benchmark is refused
     from rl_dqn.config import load_config
     cfg = load_config(ROOT / "configs/pong.yaml", [])
     chunk_steps, envs = cfg.collectors.chunk_steps, cfg.env.envs_per_collector

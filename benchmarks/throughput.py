@@ -21,10 +21,10 @@ needs an environment with stable-baselines3, and under gymnasium 1.x the renamed
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,6 +37,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import arguments  # noqa: E402  (benchmarks/arguments.py, beside this script)
 from envs import make_vector_env  # noqa: E402
 from rl_dqn import dqn  # noqa: E402
 from rl_dqn.collector import ChunkBuilder  # noqa: E402
@@ -169,13 +170,18 @@ def learner_updates(cfg, seconds: float) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=20.0, help="seconds per in-process measurement")
-    parser.add_argument("--train-env-steps", type=int, default=8000,
+    parser = arguments.parser(__doc__)
+    parser.add_argument("--seconds", type=arguments.positive, default=20.0, help="seconds per in-process measurement")
+    parser.add_argument("--train-env-steps", type=arguments.count, default=8000,
                         help="env steps the training pipeline runs after learning starts")
     parser.add_argument("--cleanrl", metavar="DQN_ATARI_PY", help="CleanRL's dqn_atari.py, to run side by side")
     parser.add_argument("--cleanrl-python", default=sys.executable, help="the interpreter for --cleanrl")
     args = parser.parse_args()
+    # CleanRL runs after the pipelines, minutes in: a script that is not there is refused before them.
+    if args.cleanrl and not Path(args.cleanrl).is_file():
+        parser.error(f"--cleanrl {args.cleanrl}: no such file (CleanRL's cleanrl/dqn_atari.py)")
+    if args.cleanrl and not (shutil.which(args.cleanrl_python) or Path(args.cleanrl_python).is_file()):
+        parser.error(f"--cleanrl-python {args.cleanrl_python}: no such interpreter")
     configure_process()   # as the learner and collector processes do
     cfg = load_config(CONFIG, ["run.name=bench"])
     print(f"rl_dqn throughput on {os.cpu_count()} CPU cores, torch {torch.__version__}, {cfg.env.id}, "

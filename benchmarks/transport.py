@@ -15,7 +15,6 @@ channel choices.
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing
 import os
 import statistics
@@ -29,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+import arguments  # noqa: E402  (benchmarks/arguments.py, beside this script)
 from rl_dqn.supervisor import free_port  # noqa: E402
 
 KINDS = ("cpu", "cuda")
@@ -239,7 +239,7 @@ def ingest(kind: str, collectors: int, chunk_steps: int, envs: int, seconds: flo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments.parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer repeats and shorter ingest runs")
     args = parser.parse_args()
     gpus = torch.cuda.device_count()

@@ -23,18 +23,19 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import arguments  # noqa: E402  (benchmarks/arguments.py, beside this script)
 from rl_dqn import checkpoints  # noqa: E402
 from envs import EnvConfig, EnvError  # noqa: E402
 from rl_dqn.config import ConfigError, load_config  # noqa: E402
 from rl_dqn.evaluate import evaluate  # noqa: E402
-from rl_dqn.results import RESULTS, ResultsError, whole_games_path  # noqa: E402
+from rl_dqn.results import RESULTS, ResultsError, benchmarks, whole_games_path  # noqa: E402
 from rl_dqn.system import code_version, machine  # noqa: E402
 
 ALE_V5_FRAMES = EnvConfig.max_episode_frames   # the envs' own limit, ALE v5's: 30 minutes of play
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments.parser(__doc__, prog="whole_games.py")   # also when benchmarks/learning.py calls main()
     parser.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR",
                         help="finished, recorded runs, e.g. runs/<name>")
     parser.add_argument("--record", required=True, metavar="BENCHMARK",
@@ -45,6 +46,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-episode-frames", type=int, default=ALE_V5_FRAMES,
                         help=f"cut each episode at this many frames (default {ALE_V5_FRAMES:,}, ALE v5's limit)")
     args = parser.parse_args(argv)
+    # Without it, each run would be refused with advice to record it there, which fails the same way.
+    if not (args.results / args.record / "benchmark.yaml").is_file():
+        try:
+            known = ", ".join(b.name for b in benchmarks(args.results)) or "none yet"
+        except ResultsError as e:
+            known = f"unknown ({e})"
+        parser.error(f"--record {args.record}: no such benchmark in {args.results} (a folder with a benchmark.yaml; "
+                     f"there are: {known})")
     if args.episodes < 1:
         parser.error(f"--episodes must be >= 1, got {args.episodes}")
     if args.max_episode_frames < 1:

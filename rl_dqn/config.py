@@ -34,6 +34,10 @@ class DeviceMapEntry(NamedTuple):
     peer_gpu: int
 
 
+# What run.name takes: a folder name of letters, digits and ._+=- characters (no path, no spaces).
+FOLDER_NAME = re.compile(r"[A-Za-z0-9._+=-]+")
+
+
 @dataclass(frozen=True)
 class RunConfig:
     name: str = ""
@@ -45,7 +49,7 @@ class RunConfig:
     (with learner.checkpoint_replay) the replay contents; its TensorBoard curves go on from the checkpoint's step"""
 
     def __post_init__(self):
-        require(self.name == "" or re.fullmatch(r"[A-Za-z0-9._+=-]+", self.name) is not None and
+        require(self.name == "" or FOLDER_NAME.fullmatch(self.name) is not None and
                  self.name not in (".", ".."), "run.name",
                  f"must be a folder name of letters, digits and ._+=- characters, got {self.name!r}")
         require(self.seed >= 0, "run.seed", f"must be >= 0, got {self.seed}")
@@ -571,7 +575,7 @@ def default_run_name(cfg: Config, config_name: str) -> str:
     """<game>__<config>__s<seed>__<date-time>, with any character run.name does not take (a ':' of an env id, a
     space in a config's file name) written as '_'."""
     name = f"{game_of(cfg.env.id)}__{config_name}__s{cfg.run.seed}__{time.strftime('%Y%m%d-%H%M%S')}"
-    return re.sub(r"[^A-Za-z0-9._+=-]", "_", name)
+    return re.sub(r"[^A-Za-z0-9._+=-]", "_", name)   # FOLDER_NAME's characters
 
 
 def _apply_override(raw: dict, item: str) -> None:

@@ -95,16 +95,17 @@ def test_a_reused_prefix_is_refused_in_one_line_before_anything_runs(tmp_path):
 
 def test_a_refused_run_is_not_resumed_and_the_next_seed_runs(tmp_path):
     """Exit code 2 is bad input: the same launch would be refused again. Each seed's error line is printed once, and
-    the benchmark ends with exit code 1."""
+    the benchmark ends with exit code 1. A resume with nothing to resume from passes the benchmark's own check of the
+    config, and is refused by the run."""
     result = subprocess.run([*BENCHMARK, "--prefix", "bad", "--seeds", "1,2", "--kill-learner-at-env-steps", "100",
-                             "train.no_such_key=1"], cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True,
+                             "run.resume=true"], cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True,
                             timeout=120)
     out = result.stdout
     assert result.returncode == 1, out + result.stderr
     for seed in (1, 2):
         assert len(re.findall(rf"run.name=bad-s{seed}", out)) == 1, out
     assert len(re.findall(r"the run was refused \(exit code 2\) \S+ from launch, not resumed: rl_dqn: config error: "
-                          r"train.no_such_key: unknown key", out)) == 2, out
+                          r"run.resume: \S+ holds no checkpoint to resume from", out)) == 2, out
     assert "resuming it in" not in out and "scheduled kill" not in out and "Traceback" not in result.stderr, out
 
 
@@ -275,11 +276,16 @@ def test_a_run_that_ends_at_its_own_stop_score_ends_kills_nothing_and_the_next_g
     (["--games", "Pong", "env.id=ALE/Qbert-v5"], "--games sets env.id for each run; give the games there, not an "
                                                  "env.id= override"),
     (["--games", "Pong,Pong"], "--games names a game twice: Pong,Pong"),
+    # Checked once for each game, with its env.id, before any seed launches: not refused by every launch in turn.
+    (["--games", "Pong,Qbert", "--seeds", "1,2", "train.no_such_key=1"],
+     "override train.no_such_key=1: train.no_such_key: unknown key; allowed: total_env_steps, learning_starts"),
+    (["--seeds", "1,2,1"], "--seeds names a seed twice: 1,2,1"),
 ])
 def test_games_that_cannot_run_are_refused_in_one_line_before_anything_runs(tmp_path, args, error):
     result = subprocess.run([*BENCHMARK, "--prefix", "bad", *args], cwd=ROOT, env=_env(tmp_path),
                             capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2 and result.stderr.splitlines()[-1].endswith(f"error: {error}"), result.stderr
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith(f"learning.py: error: {error}") and " (usage: learning.py " in result.stderr
     assert not list(tmp_path.iterdir())
 
 
