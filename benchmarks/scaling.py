@@ -51,16 +51,6 @@ def runs_dir() -> Path:
     return Path(os.environ.get("RL_DQN_RUNS_DIR") or ROOT / "runs")
 
 
-def count_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be integers separated by commas, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"must be positive integers, got {text!r}")
-    return values
-
-
 def ratio_list(text: str) -> list[float]:
     try:
         values = [float(v) for v in text.split(",")]
@@ -149,7 +139,7 @@ def main() -> int:
     parser = arguments.parser(__doc__)
     parser.add_argument("config", help="e.g. configs/pong_gpu.yaml")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
-    parser.add_argument("--collectors", type=count_list, default=[1, 2, 4, 8],
+    parser.add_argument("--collectors", type=arguments.counts, default=[1, 2, 4, 8],
                         help="collector counts (default 1,2,4,8)")
     parser.add_argument("--ratios", type=ratio_list, default=[2.0, 0.0], help="train.replay_ratio values (default 2,0)")
     parser.add_argument("--transports", type=transport_list, default=["cpu"],

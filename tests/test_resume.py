@@ -124,16 +124,18 @@ def test_a_run_resumed_after_its_stop_score_ending_trains_on_and_saves_that_it_n
     assert finished_already(cfg_of("train.total_env_steps=3000", "eval.stop_score=475"), saved) is None
 
 
-def test_a_checkpoint_that_cannot_be_read_is_one_line_and_exit_2(tmp_path):
+@pytest.mark.parametrize("content, reason", [(b"not a checkpoint", ""),
+                                             (b"", "the file is empty; move it aside to resume from the one before it")])
+def test_a_checkpoint_that_cannot_be_read_is_one_line_and_exit_2(tmp_path, content, reason):
     folder = tmp_path / "broken" / "checkpoints"
     folder.mkdir(parents=True)
-    (folder / "checkpoint_000000001.pt").write_bytes(b"not a checkpoint")
+    (folder / "checkpoint_000000001.pt").write_bytes(content)
     result = subprocess.run([sys.executable, "-m", "rl_dqn", "local", "configs/cartpole.yaml", "run.name=broken",
                              "run.resume=true"], cwd=ROOT, capture_output=True, text=True,
                             env=environment(tmp_path))
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith(f"rl_dqn: config error: run.resume: cannot continue from {folder}/"
-                                    f"checkpoint_000000001.pt: ") and len(result.stderr.splitlines()) == 1, \
+                                    f"checkpoint_000000001.pt: {reason}") and len(result.stderr.splitlines()) == 1, \
         result.stderr
     assert result.stdout == ""
 
@@ -189,18 +191,6 @@ def test_a_resume_with_an_unreadable_run_json_keeps_it_aside_and_begins_a_new_on
     assert (tmp_path / "t" / "run.json.unreadable").read_text() == '{"broken'
     info = json.loads((tmp_path / "t" / "run.json").read_text())
     assert info["command"] == ["again"] and info["resumed"] == []
-
-
-def test_an_empty_checkpoint_file_says_so(tmp_path):
-    folder = tmp_path / "empty" / "checkpoints"
-    folder.mkdir(parents=True)
-    (folder / "checkpoint_000000001.pt").write_bytes(b"")
-    result = subprocess.run([sys.executable, "-m", "rl_dqn", "local", "configs/cartpole.yaml", "run.name=empty",
-                             "run.resume=true"], cwd=ROOT, capture_output=True, text=True,
-                            env=environment(tmp_path))
-    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
-    assert "checkpoint_000000001.pt: the file is empty; move it aside to resume from the one before it" in \
-        result.stderr
 
 
 # -------------------------------------------------------------------------------- how a learner ended
