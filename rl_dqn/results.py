@@ -211,7 +211,10 @@ def _config(record_dir: Path) -> dict:
 
 
 def _json(path: Path) -> dict:
-    return json.loads(path.read_text())
+    try:
+        return json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ResultsError(f"{path} is not readable JSON ({type(e).__name__}: {e})") from None
 
 
 # ------------------------------------------------------------------------------------------------ the page
