@@ -1,8 +1,12 @@
 """The scripts in benchmarks/ refuse bad command-line input in one line that names the flag, with exit code 2 and
-no traceback, before they do any work: not a crash, a segfault, or a benchmark whose results are lost at its end."""
+no traceback, before they do any work: not a crash, a segfault, or a benchmark whose results are lost at its end.
+
+Each script's cases run in one interpreter of their own, as the script runs from the command line (its main() with
+sys.argv set), so that torch is imported once per script, not once per case."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -50,20 +54,69 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("script, args, named", CASES, ids=[f"{s}-{' '.join(a)}" for s, a, _ in CASES])
-def test_bad_input_is_refused_in_one_line_with_exit_code_2(tmp_path, script, args, named):
-    (tmp_path / "run/checkpoints").mkdir(parents=True)
-    (tmp_path / "run/checkpoints/checkpoint_000000001.pt").touch()
-    (tmp_path / "runs").mkdir()
-    env = dict(os.environ, RL_DQN_RUNS_DIR=str(tmp_path / "runs"), TMPDIR=str(tmp_path))
-    if script == "soak.py":   # where it would make its runs folder: in TMPDIR
-        del env["RL_DQN_RUNS_DIR"]
-    before = sorted(tmp_path.rglob("*"))
-    result = subprocess.run([sys.executable, f"benchmarks/{script}", *(a.format(tmp=tmp_path) for a in args)],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"{script}: error: "), result.stderr
-    assert named.format(tmp=tmp_path) in lines[0], result.stderr
-    assert result.stdout == "" and "Traceback" not in result.stderr
-    assert sorted(tmp_path.rglob("*")) == before   # no runs, logs or folders left behind
+# Runs one script's cases in this interpreter: argv = [script, cases file, results file]. Each case gets its own
+# folder (its {tmp}, also TMPDIR's place for tempfile) holding a run with an empty checkpoint; it reports the exit
+# code, what was printed, and whether anything was left in its folder or in the runs folder.
+DRIVER = """
+import contextlib, io, json, os, runpy, sys, tempfile
+from pathlib import Path
+script, cases, out = sys.argv[1], json.loads(Path(sys.argv[2]).read_text()), sys.argv[3]
+sys.path.insert(0, str(Path(script).resolve().parent))   # as for a script run by its path: its folder first
+module, results = None, []
+for args, tmp in cases:
+    (Path(tmp) / "run/checkpoints").mkdir(parents=True)
+    (Path(tmp) / "run/checkpoints/checkpoint_000000001.pt").touch()
+    runs = Path(os.environ.get("RL_DQN_RUNS_DIR") or Path(tmp) / "runs")
+    before = sorted(map(str, [*Path(tmp).rglob("*"), *runs.rglob("*")]))
+    tempfile.tempdir = tmp
+    sys.argv = [script, *args]
+    module = module or runpy.run_path(script, run_name="benchmark")
+    err, out_text, code = io.StringIO(), io.StringIO(), 0
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out_text):
+        try:
+            code = module["main"]() or 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+    after = sorted(map(str, [*Path(tmp).rglob("*"), *runs.rglob("*")]))
+    results.append([code, out_text.getvalue(), err.getvalue(), after != before])
+    Path(out).write_text(json.dumps(results))   # after each case: a case that kills the interpreter ends only its own
+"""
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory) -> dict[int, tuple[int, str, str, bool, Path]]:
+    """Every case's (exit code, stdout, stderr, whether it left anything behind, its folder), by its index."""
+    by_script: dict[str, list[int]] = {}
+    for index, (script, _, _) in enumerate(CASES):
+        by_script.setdefault(script, []).append(index)
+    found = {}
+    for script, indices in by_script.items():
+        folder = tmp_path_factory.mktemp(script.removesuffix(".py"))
+        tmps = [folder / f"case{i}" for i in indices]
+        cases = [[[a.format(tmp=tmp) for a in CASES[i][1]], str(tmp)] for i, tmp in zip(indices, tmps)]
+        (folder / "cases.json").write_text(json.dumps(cases))
+        (folder / "runs").mkdir()
+        env = dict(os.environ, RL_DQN_RUNS_DIR=str(folder / "runs"))
+        if script == "soak.py":   # where it would make its runs folder: TMPDIR's, each case's own
+            del env["RL_DQN_RUNS_DIR"]
+        done = subprocess.run([sys.executable, "-c", DRIVER, f"benchmarks/{script}", str(folder / "cases.json"),
+                               str(folder / "results.json")], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=300)
+        results = json.loads((folder / "results.json").read_text()) if (folder / "results.json").is_file() else []
+        for n, (i, tmp) in enumerate(zip(indices, tmps)):
+            # A case that crashed the interpreter (a segfault), and those after it, get what the interpreter printed.
+            crashed = (done.returncode, done.stdout, done.stderr, True)
+            found[i] = (*(results[n] if n < len(results) else crashed), tmp)
+    return found
+
+
+@pytest.mark.parametrize("index", range(len(CASES)), ids=[f"{s}-{' '.join(a)}" for s, a, _ in CASES])
+def test_bad_input_is_refused_in_one_line_with_exit_code_2(outcomes, index):
+    script, _, named = CASES[index]
+    code, out, err, left_behind, tmp = outcomes[index]
+    assert code == 2, out[-2000:] + err[-2000:]
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{script}: error: "), err
+    assert named.format(tmp=tmp) in lines[0], err
+    assert out == "" and "Traceback" not in err
+    assert not left_behind   # no runs, logs or folders left behind
