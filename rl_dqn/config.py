@@ -35,7 +35,8 @@ class DeviceMapEntry(NamedTuple):
 
 
 # What run.name takes: a folder name of letters, digits and ._+=- characters (no path, no spaces).
-FOLDER_NAME = re.compile(r"[A-Za-z0-9._+=-]+")
+FOLDER_CHARACTERS = "A-Za-z0-9._+=-"
+FOLDER_NAME = re.compile(f"[{FOLDER_CHARACTERS}]+")
 
 
 @dataclass(frozen=True)
@@ -575,7 +576,7 @@ def default_run_name(cfg: Config, config_name: str) -> str:
     """<game>__<config>__s<seed>__<date-time>, with any character run.name does not take (a ':' of an env id, a
     space in a config's file name) written as '_'."""
     name = f"{game_of(cfg.env.id)}__{config_name}__s{cfg.run.seed}__{time.strftime('%Y%m%d-%H%M%S')}"
-    return re.sub(r"[^A-Za-z0-9._+=-]", "_", name)   # FOLDER_NAME's characters
+    return re.sub(f"[^{FOLDER_CHARACTERS}]", "_", name)
 
 
 def _apply_override(raw: dict, item: str) -> None:

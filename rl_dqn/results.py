@@ -104,7 +104,8 @@ def record(run_dir: Path, benchmark: str, results: Path = RESULTS) -> Path:
         raise ResultsError(f"{run_dir} is not a finished run of rl_dqn: its config.yaml, run.json or summary.json "
                            f"cannot be read ({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''})"
                            ) from None
-    ran, asked = _config_named(" ".join(map(str, command))), _config_named(_benchmark_command(folder))
+    (bench,) = [b for b in benchmarks(results) if b.name == benchmark]
+    ran, asked = _config_named(" ".join(map(str, command))), _config_named(bench.command)
     if ran and asked and ran != asked:
         raise ResultsError(f"{run_dir} ran {ran}, and benchmark {benchmark} runs {asked}: record it under a "
                            f"benchmark of its config")
@@ -132,13 +133,6 @@ def _config_named(command: str) -> str | None:
     """The file name of the first YAML config a command names (None: it names none)."""
     found = re.search(r"(\S+)\.yaml\b", command)
     return Path(found.group(0)).name if found else None
-
-
-def _benchmark_command(folder: Path) -> str:
-    try:
-        return str(yaml.safe_load((folder / "benchmark.yaml").read_text()).get("command", ""))
-    except (yaml.YAMLError, AttributeError) as e:
-        raise ResultsError(f"{folder / 'benchmark.yaml'}: {type(e).__name__}: {e}") from None
 
 
 def whole_games_path(run_dir: Path, benchmark: str, results: Path = RESULTS) -> Path:
