@@ -461,7 +461,7 @@ def _learner(cfg: Config, args) -> int:
 
     import torch
     from rl_dqn import checkpoints
-    from rl_dqn.learner import Learner
+    from rl_dqn.learner import Learner, TrainingDiverged
     from rl_dqn.trainer import torch_threads
     from rl_dqn.system import available_memory, configure_process
     from rl_dqn.transport import LearnerTransport, TransportError
@@ -508,7 +508,7 @@ def _learner(cfg: Config, args) -> int:
     learner.report.write_run_info(sys.argv, resumed=cfg.run.resume)
     try:
         learner.run(LearnerTransport(cfg, stop, placement))
-    except TransportError as e:
+    except (TransportError, TrainingDiverged) as e:
         learner.close()
         return _role_error("learner", str(e))
     how = {"total_env_steps": "done", "stop_score": "reached eval.stop_score"}.get(learner.ended,

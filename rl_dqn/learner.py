@@ -33,7 +33,7 @@ from rl_dqn.trainer import Trainer, Update
 from rl_dqn.transport import LEARNER_RANK, LearnerEndpoint, TransportError, collector_rank, place, slot_of, worker_name
 from rl_dqn.types import Ack, Chunk
 
-__all__ = ["Learner"]
+__all__ = ["Learner", "TrainingDiverged"]
 
 BURST_S = 0.005   # the longest the loop trains before it looks at the transport again
 
@@ -42,6 +42,12 @@ def next_round(env_steps: int, every_env_steps: int) -> int:
     """The env steps at which the evaluation round after one started at `env_steps` is due: the next multiple of
     eval.every_env_steps."""
     return (env_steps // every_env_steps + 1) * every_env_steps
+
+
+class TrainingDiverged(Exception):
+    """The online network's weights are no longer finite: the run stops before they are published, evaluated or
+    saved, and its newest checkpoint stays the last one trained before. (Not a RuntimeError, which the evaluation's
+    handler takes for a failed evaluator.)"""
 
 
 class Learner:
@@ -79,7 +85,8 @@ class Learner:
         # The evaluation that reached eval.stop_score, which ends the run: {"eval": its mean score, "stop_score",
         # "env_steps"}; kept in the checkpoints, so that a resume knows how the run ended.
         self.stop_score_reached: dict | None = None
-        # How run() ended, for summary.json: "total_env_steps", "stop_score", "signal" or "error" (None: not run).
+        # How run() ended, for summary.json: "total_env_steps", "stop_score", "signal", "diverged" or "error"
+        # (None: not run).
         self.ended: str | None = None
         # Told the bytes written, about once a second, while a checkpoint is written (see checkpoints.save).
         self.saving: Callable[[int], None] | None = None
@@ -208,6 +215,7 @@ class Learner:
             self.save_checkpoint()
 
     def publish(self) -> None:
+        self._check_finite()
         if self.trainer.updates > 0:
             self.weights_version += 1
         self.transport.publish(self.trainer.weights(self.weights_version), self.intake.env_steps)
@@ -242,6 +250,7 @@ class Learner:
                 self._evaluated(result)
             env_steps = self.intake.env_steps
             if not self.evaluator.busy and env_steps >= self.next_eval:
+                self._check_finite()
                 state = self.trainer.evaluated_weights()
                 self.evaluator.submit(state, env_steps, self.report.elapsed(), self.weights_version)
                 self.eval_state = state
@@ -290,6 +299,22 @@ class Learner:
             self.evaluator.close()
             self.evaluator = None
 
+    def _check_finite(self) -> None:
+        """Raises TrainingDiverged where the online network's weights are no longer finite (a host sync: it runs
+        when weights are published, evaluated or saved, every learner.publish_every_updates at the most)."""
+        if self.ended == "diverged" or not self.trainer.finite():
+            self.ended = "diverged"
+            raise self._diverged()
+
+    def _diverged(self) -> TrainingDiverged:
+        kept = checkpoints.all_of(self.run_dir)
+        return TrainingDiverged(
+            f"training diverged: the online network's weights are NaN or infinite after update "
+            f"{self.trainer.updates:,} ({self.intake.env_steps:,} env steps), and are not kept; "
+            + (f"the newest checkpoint, {kept[-1].name}, was trained before (run.resume=true continues from it)"
+               if kept else "no checkpoint was saved before")
+            + "; a lower train.lr or train.max_grad_norm may keep it from diverging")
+
     # ------------------------------------------------------------------------------------------ checkpoints
 
     def _identity(self) -> dict:
@@ -302,6 +327,7 @@ class Learner:
         """checkpoints/checkpoint_<updates>.pt (and with learner.checkpoint_replay the replay contents beside it):
         the trainer's state, the counters and the rest of the run's clock (schedules such as epsilon and beta
         follow from env_steps), and the evaluation that ended the run at eval.stop_score, if one did."""
+        self._check_finite()
         trainer = self.trainer
         state = trainer.state() | {
             "counters": {"env_steps": self.intake.env_steps, "updates": trainer.updates,
@@ -335,20 +361,26 @@ class Learner:
     # ------------------------------------------------------------------------------------------ the end
 
     def close(self) -> None:
-        """Final checkpoint, metrics and summary, then stop the collectors and leave. Safe to call twice."""
+        """Final checkpoint, metrics and summary, then stop the collectors and leave. Safe to call twice. Weights
+        that diverged since they were last checked are not saved, and raise TrainingDiverged once all else is
+        done."""
         if self._closed:
             return
         self._closed = True
+        diverged_now = self.ended != "diverged" and not self.trainer.finite()
+        if diverged_now:
+            self.ended = "diverged"
         self.report.finish()
         self.close_evaluator()
         self.trainer.close()
         try:
-            replay = self.trainer.replay
-            size = bytes_needed(len(replay), replay.frames.shape[2:], replay.frames.dtype)
-            if self.cfg.learner.checkpoint_replay and size >= 1 << 30:   # a file that takes a while to write
-                say("learner", f"writing the last checkpoint with the replay's {len(replay):,} transitions "
-                               f"({size / 2**30:.1f} GiB), for run.resume")
-            self.save_checkpoint()
+            if self.ended != "diverged":
+                replay = self.trainer.replay
+                size = bytes_needed(len(replay), replay.frames.shape[2:], replay.frames.dtype)
+                if self.cfg.learner.checkpoint_replay and size >= 1 << 30:   # a file that takes a while to write
+                    say("learner", f"writing the last checkpoint with the replay's {len(replay):,} transitions "
+                                   f"({size / 2**30:.1f} GiB), for run.resume")
+                self.save_checkpoint()
             self.log()
             self.write_summary()
         finally:
@@ -359,6 +391,8 @@ class Learner:
             finally:
                 if self.transport is not None:
                     self.transport.close()
+        if diverged_now:
+            raise self._diverged()
 
     def write_summary(self) -> None:
         self.report.write_summary(self.counters(), self.ended)

@@ -324,8 +324,8 @@ class Report:
         """runs/<name>/summary.json: what the run did, for people and scripts (benchmarks, tests). Its rates end
         where the run stopped training; `wall_s` includes the final checkpoint, which takes seconds with a large
         replay. `ended` says how this process's run ended: "total_env_steps" or "stop_score" (the run is complete),
-        "signal" (SIGINT or SIGTERM), "error" (e.g. no collector for cluster.join_timeout_s), or None (the learner
-        was closed without running)."""
+        "signal" (SIGINT or SIGTERM), "diverged" (the weights became NaN or infinite), "error" (e.g. no collector
+        for cluster.join_timeout_s), or None (the learner was closed without running)."""
         now = time.monotonic()
         end = self._finished or now
         summary = {

@@ -355,6 +355,14 @@ class Trainer:
         self._summed = 0
         return means
 
+    def finite(self) -> bool:
+        """Whether every parameter of the online network (and of its moving average) is finite: False once training
+        has diverged, since a NaN or an infinity in a loss or a gradient reaches every weight the step moves. A host
+        sync."""
+        tensors = [*self.network.parameters(), *(self.averaged or [])]
+        with torch.no_grad():
+            return bool(torch.stack([tensor.isfinite().all() for tensor in tensors]).all())
+
     def weights(self, version: int) -> Weights:
         """A snapshot of the online network on the trainer's device, detached from the copy that keeps training
         (the transport sends it as it is, or a CPU copy to a collector it cannot reach GPU to GPU)."""

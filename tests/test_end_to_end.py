@@ -375,3 +375,17 @@ def test_a_dead_collector_takes_the_run_down_and_is_named(runs):
     assert not processes_of("dead")
     folder = runs / "dead" / "checkpoints"
     assert list(folder.glob("checkpoint_*.pt")), (sorted(p.name for p in folder.glob("*")), output[-20000:])
+
+
+def test_a_run_whose_training_diverges_ends_with_one_line_and_keeps_no_diverged_weights(runs):
+    """At a learning rate of 1e30 the weights are NaN after the second update: the node ends (exit 1) with the
+    learner's one line, no traceback, and no checkpoint of the NaN weights."""
+    code, output = finish(launch("local.sh", "configs/smoke.yaml", "run.name=diverged", "train.lr=1e30",
+                                 "eval.every_env_steps=0"), timeout=120)
+    assert code == 1, output[-5000:]
+    errors = [line for line in output.splitlines() if line.startswith("[learner] error:")]
+    assert len(errors) == 1 and "training diverged: the online network's weights are NaN or infinite after update" \
+        in errors[0] and "no checkpoint was saved before" in errors[0], output[-5000:]
+    assert "Traceback" not in output
+    assert not list((runs / "diverged" / "checkpoints").glob("checkpoint_*.pt"))
+    assert json.loads((runs / "diverged" / "summary.json").read_text())["ended"] == "diverged"

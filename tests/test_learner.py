@@ -23,7 +23,7 @@ from test_end_to_end import TAGS, summaries_of
 
 from rl_dqn import checkpoints
 from rl_dqn.evaluate import EvalResult, load_player
-from rl_dqn.learner import next_round
+from rl_dqn.learner import TrainingDiverged, next_round
 from rl_dqn.transport import Change, LearnerEndpoint, Membership, Standing
 from rl_dqn.types import Ack, Chunk
 
@@ -132,6 +132,62 @@ def test_the_loop_takes_every_chunk_in_order_trains_at_the_ratio_and_ends_at_the
     score = next(c for c in layout.category if c.title == "score")
     assert [chart.title for chart in score.chart] == ["score vs env steps", "score vs wall time (s)"]
 
+
+
+DIVERGING = ("train.total_env_steps=600", "train.replay_ratio=2", "train.lr=1e30")
+
+
+def run_to_divergence(learner) -> tuple[MemoryEndpoint, str]:
+    """Runs `learner` on 2 collectors' chunks until it raises TrainingDiverged; returns the endpoint and the line."""
+    chunks = {f"collector{i}": [chain_chunk(i, seq, episodes=10) for seq in range(5)] for i in range(2)}
+    endpoint = MemoryEndpoint(chunks, learner.cfg.collectors.max_chunks_in_flight, lost={})
+    with pytest.raises(TrainingDiverged) as raised:
+        learner.run(endpoint)
+    assert endpoint.stopped and json.loads((learner.run_dir / "summary.json").read_text())["ended"] == "diverged"
+    return endpoint, str(raised.value)
+
+
+def test_a_learner_whose_weights_diverge_stops_before_publishing_or_saving_them(tmp_path):
+    """Adam at a learning rate of 1e30 takes the weights to about 1e30 in one update (finite, saved) and to NaN in
+    the next: the run stops there with one line naming the update and the checkpoint kept, the collectors never get
+    the NaN weights, no checkpoint of them is written (the newest stays the finite one, which resumes), and the
+    summary says the run diverged."""
+    learner = make_learner(tmp_path, *DIVERGING, "eval.every_env_steps=0", "learner.publish_every_updates=1",
+                           "learner.checkpoint_every_updates=1")
+    endpoint, line = run_to_divergence(learner)
+    assert line == (
+        "training diverged: the online network's weights are NaN or infinite after update 2 (240 env steps), and are "
+        "not kept; the newest checkpoint, checkpoint_000000001.pt, was trained before (run.resume=true continues "
+        "from it); a lower train.lr or train.max_grad_norm may keep it from diverging")
+    assert learner.trainer.updates == 2 and endpoint.published == [0, 1]
+    assert [p.name for p in checkpoints.all_of(tmp_path)] == ["checkpoint_000000001.pt"]
+    fresh = make_learner(tmp_path / "again")
+    fresh.restore(checkpoints.newest(tmp_path))
+    assert fresh.trainer.updates == 1 and fresh.trainer.finite()
+
+
+def test_weights_that_diverge_between_checks_are_caught_as_the_run_closes(tmp_path):
+    """No publish or checkpoint falls due after the weights diverge: the run's close catches them, saves no
+    checkpoint and still stops the collectors."""
+    learner = make_learner(tmp_path, *DIVERGING, "learner.publish_every_updates=1000",
+                           "learner.checkpoint_every_updates=1000", "eval.every_env_steps=0")
+    endpoint, line = run_to_divergence(learner)
+    assert line.startswith("training diverged: ") and "no checkpoint was saved before" in line, line
+    assert endpoint.published == [0] and not checkpoints.all_of(tmp_path)
+
+
+def test_an_evaluation_round_never_takes_diverged_weights(tmp_path):
+    learner = make_learner(tmp_path, *DIVERGING, "eval.every_env_steps=60")
+    learner.intake.ingest(chain_chunk(0, 0, episodes=30))
+    learner.step()
+    learner.step()
+    assert not learner.trainer.finite()
+    try:
+        with pytest.raises(TrainingDiverged):
+            learner._evaluate()
+        assert learner.eval_state is None and learner.evaluator is not None and not learner.evaluator.busy
+    finally:
+        learner.close()
 
 
 def test_checkpoints_are_complete_pruned_and_resume_everything(tmp_path):
