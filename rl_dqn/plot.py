@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import sys
 import textwrap
 from pathlib import Path
@@ -225,11 +226,14 @@ def draw_games(games: dict[str, dict[str, list[EvalPoint]]], out: Path, title: s
 
 
 def score_list(text: str) -> list[float]:
-    """`0,10,18` as numbers, for an argparse type."""
+    """`0,10,18` as finite numbers, for an argparse type (nan compares false with every score: never reached)."""
     try:
-        return [float(v) for v in text.split(",") if v.strip()]
+        scores = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be numbers separated by commas, got {text!r}") from None
+        scores = [math.nan]
+    if not all(map(math.isfinite, scores)):
+        raise argparse.ArgumentTypeError(f"must be finite numbers separated by commas, got {text!r}")
+    return scores
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,6 +36,8 @@ CASES = [
     ("learning.py", [SMOKE, "--downtime", "-5"], "argument --downtime"),
     ("learning.py", [SMOKE, "--downtime", "nan"], "argument --downtime"),
     ("learning.py", [SMOKE, "--seeds", "1,2", "train.lr=abc"], "override train.lr=abc"),
+    ("learning.py", [SMOKE, "--seeds", "1,2", "env.id=ALE/NoSuchGame-v5"], "override env.id=ALE/NoSuchGame-v5"),
+    ("learning.py", [SMOKE, "--scores", "0,nan"], "argument --scores"),
     ("soak.py", ["/nonexistent.yaml", "--minutes", "0.1"], "config /nonexistent.yaml"),
     ("soak.py", [SMOKE, "--kill-every-s", "0"], "argument --kill-every-s"),
     ("replay_memory.py", ["--transitions", "0"], "argument --transitions"),
