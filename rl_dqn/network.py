@@ -67,11 +67,12 @@ def background(frames: torch.Tensor) -> torch.Tensor:
     `[..., 1, 1, 1]` (the lowest value where two are as common), on a grid of every 4th pixel each way (441 of an
     84x84 frame's 7,056): the flat background that covers most of an Atari screen, whatever its colour. One
     histogram of 256 bins per observation, counted for the whole batch at once, over the grid rather than every
-    pixel to keep it cheap."""
+    pixel to keep it cheap. Counted by scatter_add_ into a histogram of fixed size, with no host sync (bincount reads
+    its input's largest value back to the host on a GPU), so that a CUDA graph can hold it."""
     grid = frames[..., -1, ::4, ::4]
     newest = grid.reshape(-1, grid.shape[-2] * grid.shape[-1]).long()
-    bins = torch.arange(newest.shape[0], device=frames.device).unsqueeze(1) * 256
-    counts = torch.bincount((newest + bins).flatten(), minlength=newest.shape[0] * 256).view(-1, 256)
+    counts = torch.zeros(newest.shape[0], 256, dtype=torch.int32, device=frames.device)
+    counts.scatter_add_(1, newest, torch.ones_like(newest, dtype=torch.int32))
     return counts.argmax(dim=1).to(torch.uint8).view(frames.shape[:-3] + (1, 1, 1))
 
 

@@ -44,6 +44,21 @@ def _described(error: Exception) -> str:
     return f"{type(error).__name__}: {message}{where}"
 
 
+def _end_allocation_to(pool, device: torch.device) -> None:
+    """After a capture that failed, the caching allocator stops giving the device's memory out of the graph's pool,
+    which it was told to do at the capture's start and is told to stop only at its successful end; until then it
+    would also keep every freed block that another stream used (it frees those only with no capture under way),
+    and look up a capture that no longer exists at every allocation. Then the pool goes, with the memory it
+    held. Where the capture got as far as its end, the graph does both itself. Private functions of torch's
+    (those torch.cuda.memory.use_mem_pool calls), tried as they are found."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    try:
+        torch._C._cuda_endAllocateToPool(index, pool)
+    except (AttributeError, RuntimeError):   # ended already, or a torch that names it otherwise
+        return
+    torch._C._cuda_releasePool(index, pool)
+
+
 class Trainer:
     """The online and target Q-networks, Adam, the replay memory (on the same device) and the sampling generator.
     `cfg` is the config as this process runs it (network.precision resolved for `device`).
@@ -88,6 +103,7 @@ class Trainer:
         self._offsets = torch.zeros(t.batch_size, dtype=torch.float64, device=device)
         self._beta = torch.zeros((), dtype=torch.float64, device=device)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, Update]] = {}   # by the n of the n-step returns
+        self._capture_stream: torch.cuda.Stream | None = None   # see _capture()
         self._lr_set: float | None = t.lr   # the learning rate Adam holds on the device
         self.capture_error: str | None = None   # why the update could not be captured, where it could not
 
@@ -215,7 +231,9 @@ class Trainer:
             try:
                 self._graphs[n_step] = self._capture(n_step)
             except RuntimeError as e:   # an operation CUDA graphs cannot hold: train on, eagerly
-                self._fall_back(_described(e))
+                # Where the capture's end failed after an operation in it had (the usual way), the first error
+                # says which.
+                self._fall_back(_described(e.__context__ if isinstance(e.__context__, Exception) else e))
             if not self.static:   # outside the handler, whose traceback would hold the failed capture's tensors
                 return self._eager_step(lr)
         graph, update = self._graphs[n_step]
@@ -262,12 +280,26 @@ class Trainer:
         return self._result(q, targets, loss)
 
     def _capture(self, n_step: int) -> tuple[torch.cuda.CUDAGraph, Update]:
-        """Captures _graph_body() after warming it up (_warm_up())."""
+        """Captures _graph_body() after warming it up (_warm_up()), on a stream of the trainer's own: of high
+        priority, a pool of streams that nothing else here draws from, while TensorPipe sends and receives CUDA
+        tensors on streams it draws from the pool of normal priority, in turn, on threads of its own; work it put on
+        a stream being captured would be captured with the update. A capture that fails leaves nothing behind: the
+        thread's stream and the caching allocator are as they were (_end_allocation_to())."""
         self._warm_up(n_step)
-        graph = torch.cuda.CUDAGraph()
+        if self._capture_stream is None:
+            self._capture_stream = torch.cuda.Stream(self.device, priority=-1)
+        graph, pool = torch.cuda.CUDAGraph(), torch.cuda.graph_pool_handle()
         self.optimizer.zero_grad(set_to_none=True)
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            update = self._graph_body(n_step)
+        # torch.cuda.graph leaves its stream current where the capture's end raises: the outer context puts the
+        # thread's own stream back.
+        with torch.cuda.stream(torch.cuda.current_stream(self.device)):
+            try:
+                with torch.cuda.graph(graph, pool=pool, stream=self._capture_stream,
+                                      capture_error_mode="thread_local"):
+                    update = self._graph_body(n_step)
+            except RuntimeError:
+                _end_allocation_to(pool, self.device)
+                raise
         return graph, update
 
     def _warm_up(self, n_step: int) -> None:

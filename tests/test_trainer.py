@@ -14,6 +14,7 @@ import torch
 from chain import S0, S1, chain_chunk, make_learner
 
 from envs import EnvSpec
+from rl_dqn import dqn
 from rl_dqn.config import load_config
 from rl_dqn.trainer import Trainer, torch_threads
 from rl_dqn.types import Chunk
@@ -186,14 +187,63 @@ def test_why_a_capture_failed_is_one_line_naming_the_line_that_raised_it():
 
 
 @pytest.mark.cuda
-def test_an_update_that_cannot_be_captured_runs_eagerly_and_says_why():
-    """network.frame_offset=background counts each frame's pixel values with bincount, which reads its size back to
-    the host: not in a CUDA graph. The trainer trains on, eagerly, with Adam reading a float learning rate."""
-    trainer = filled(pong_config("network.frame_offset=background"), "cuda", static=True)
+def test_an_update_that_cannot_be_captured_runs_eagerly_says_why_and_leaves_nothing_behind(monkeypatch):
+    """An update that reads a value back to the host cannot be captured: the trainer trains on, eagerly, with Adam
+    reading a float learning rate, and names the operation that failed, not the capture's end. The failed capture
+    leaves the thread on its own stream and the caching allocator out of the capture, so that another trainer in
+    the process then captures its update (with network.frame_offset=background, whose histogram is counted on the
+    device) and computes what an eager one does."""
+    trainer = filled(pong_config(), "cuda", static=True)
+    body = trainer._graph_body
+    monkeypatch.setattr(trainer, "_graph_body", lambda n_step: (trainer._beta.item(), body(n_step))[1])
     losses = run(trainer, 4)
     assert not trainer.static and trainer.capture_error, trainer.capture_error
+    assert "previous error during capture" not in trainer.capture_error, trainer.capture_error
     assert trainer.updates == 4 and all(torch.isfinite(torch.tensor(losses)).flatten())
     assert all(isinstance(g["lr"], float) for g in trainer.optimizer.param_groups)
+    assert torch.cuda.current_stream() == torch.cuda.default_stream()
+    cfg = pong_config("network.frame_offset=background")
+    eager, static = filled(cfg, "cuda", static=False), filled(cfg, "cuda", static=True)
+    losses = run(eager, 6), run(static, 6)
+    assert static.static and static._graphs, static.capture_error
+    assert [x for pair in losses[0] for x in pair] == pytest.approx([x for pair in losses[1] for x in pair],
+                                                                    rel=1e-4, abs=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_static_update_follows_the_schedules_and_the_replay_as_they_change(device):
+    """Between updates the learner puts chunks into the replay and its schedules move with the env steps: the
+    learning rate, beta and the n of the n-step returns (a graph for each n). The static update, which reads them
+    from tensors written in place before each replay, computes what the eager one does all the way."""
+    cfg = pong_config("train.lr_end=0.00048828125", "train.lr_decay_start_env_steps=1000",
+                      "train.lr_decay_end_env_steps=7000", "train.n_step_end=6",
+                      "train.n_step_decay_start_env_steps=1000", "train.n_step_decay_end_env_steps=7000",
+                      "train.priority_beta_env_steps=7000")
+    eager, static = filled(cfg, device, static=False), filled(cfg, device, static=True)
+    generator = torch.Generator().manual_seed(2)
+    T, E = cfg.collectors.chunk_steps, cfg.env.envs_per_collector
+    seen = ([], [])
+    for i in range(14):
+        if i % 3 == 2:   # the same new chunk into both replays
+            chunk = Chunk(0, 3 + i, 0, torch.randint(0, 255, (T, E, 84, 84), dtype=torch.uint8, generator=generator),
+                          torch.randint(0, 6, (T, E), generator=generator),
+                          torch.randn(T, E, generator=generator).sign(), torch.rand(T, E, generator=generator) < 0.02,
+                          torch.zeros(T, E, dtype=torch.bool), torch.zeros(0, dtype=torch.float64),
+                          torch.zeros(0, dtype=torch.int64), torch.zeros(T, E), torch.zeros(T, E))
+            for trainer in (eager, static):
+                trainer.replay.extend(0, chunk)
+        for trainer, losses in zip((eager, static), seen):
+            update = trainer.step(env_steps=1000 + 500 * i)
+            losses.append((update.loss.item(), (update.q - update.targets).abs().mean().item(), trainer.lr))
+    assert static.static, static.capture_error
+    n_steps = {round(dqn.linear_schedule(1000 + 500 * i, 10, 6, 1000, 7000)) for i in range(14)}
+    assert len(n_steps) == 5 and (device == "cpu" or sorted(static._graphs) == sorted(n_steps))
+    assert len({lr for _, _, lr in seen[0]}) > 10
+    assert [x for row in seen[0] for x in row] == pytest.approx([x for row in seen[1] for x in row],
+                                                                rel=1e-4, abs=1e-5)
+    for a, b in [*zip(eager.network.parameters(), static.network.parameters()),
+                 (eager.replay.tree.levels[0], static.replay.tree.levels[0])]:
+        torch.testing.assert_close(a.float(), b.float(), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
