@@ -21,6 +21,7 @@ base's seeds, and with `by_minutes` also against wall minutes).
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import re
 import shutil
@@ -201,7 +202,17 @@ def curve(record_dir: Path) -> list[EvalPoint]:
 
 
 def _config(record_dir: Path) -> dict:
-    return yaml.safe_load((record_dir / "config.yaml").read_text())
+    """A record's config.yaml, parsed once per version of the file (the page reads each several times). Not to be
+    changed by the caller: the next reader gets the same dict."""
+    path = record_dir / "config.yaml"
+    stat = path.stat()
+    return _parsed(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed(path: Path, mtime_ns: int, size: int) -> dict:
+    # libyaml's parser where PyYAML has it: the Python one takes most of the page's time.
+    return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def _json(path: Path) -> dict:
