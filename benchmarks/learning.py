@@ -178,9 +178,9 @@ def run_one(config: str, seed: int, name: str, overrides: list[str], limit_s: fl
             if ended in ENDINGS or (not stopped_here and code == 0 and ended != "error"):
                 how = "ended"
                 print(f"  the run ended {at}: {ENDINGS.get(ended, 'exit code 0')}", flush=True)
-            elif stopped_here:   # at its time limit or --stop-at
+            elif stopped_here and ended != "diverged":   # at its time limit or --stop-at
                 how = "was stopped"
-            elif code == EXIT_BAD_INPUT or not killed_learner or ended == "error":
+            elif code == EXIT_BAD_INPUT or not killed_learner or ended in ("error", "diverged"):
                 what = "was refused" if code == EXIT_BAD_INPUT else "failed"
                 print(f"  the run {what} (exit code {code}) {at}, not resumed: {_last_error(log, log_from)} "
                       f"(its output: {log})", flush=True)

@@ -128,6 +128,7 @@ class Learner:
         last_log = alone_since = time.monotonic()
         first_chunk_at, first_update_at = intake.env_steps, trainer.updates   # (a resumed run's are not 0)
         self.ended = "error"   # unless the loops below end
+        failing = True
         try:
             while not self.stop.is_set() and not self.reached_stop_score and intake.env_steps < total:
                 deliveries = transport.receive(timeout=0 if intake.wants_update(trainer.updates) else 0.05)
@@ -181,8 +182,10 @@ class Learner:
                 "signal"
             if self.ended == "total_env_steps" and self.evaluating:
                 self._last_evaluation()
+            failing = False
         finally:
-            self.close()
+            # Weights found diverged only as the run closes are raised, unless an error is ending the run already.
+            self.close(raise_diverged=not failing)
 
     def _report_chunks(self, entered: list[Chunk]) -> None:
         """The chunks that just entered replay, each counted at the env steps it brought the run to."""
@@ -360,20 +363,21 @@ class Learner:
 
     # ------------------------------------------------------------------------------------------ the end
 
-    def close(self) -> None:
+    def close(self, raise_diverged: bool = True) -> None:
         """Final checkpoint, metrics and summary, then stop the collectors and leave. Safe to call twice. Weights
-        that diverged since they were last checked are not saved, and raise TrainingDiverged once all else is
-        done."""
+        that diverged since they were last checked are not saved; that raises TrainingDiverged once all else is
+        done (with `raise_diverged`), or is said in a line."""
         if self._closed:
             return
         self._closed = True
-        diverged_now = self.ended != "diverged" and not self.trainer.finite()
-        if diverged_now:
-            self.ended = "diverged"
         self.report.finish()
         self.close_evaluator()
         self.trainer.close()
+        diverged_now = False
         try:
+            diverged_now = self.ended != "diverged" and not self.trainer.finite()
+            if diverged_now:
+                self.ended = "diverged"
             if self.ended != "diverged":
                 replay = self.trainer.replay
                 size = bytes_needed(len(replay), replay.frames.shape[2:], replay.frames.dtype)
@@ -391,8 +395,10 @@ class Learner:
             finally:
                 if self.transport is not None:
                     self.transport.close()
-        if diverged_now:
+        if diverged_now and raise_diverged:
             raise self._diverged()
+        if diverged_now:
+            say("learner", self._diverged().args[0])
 
     def write_summary(self) -> None:
         self.report.write_summary(self.counters(), self.ended)

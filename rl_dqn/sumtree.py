@@ -77,20 +77,25 @@ class SumTree:
         """For each u in `mass` (0 <= u < total, which must be > 0), the leaf i with prefix(i) <= u < prefix(i) + p_i.
 
         Never returns a leaf of priority 0: at each level u is kept below the sum of the row's children, which
-        can differ from the parent's value in the last bit (a different summation order).
+        can differ from the parent's value in the last bit (a different summation order). A tree holding NaN (the
+        TD errors of a learner that diverged) gives leaves of no meaning, but always leaves of the tree: each node
+        is kept to its level's rows, so that a draw never indexes past them (on a GPU, a device-side assertion that
+        ends the process before the learner can say what happened).
         """
         u = mass.to(self.device, torch.float64).flatten().clamp(min=0)
         node = torch.zeros_like(u, dtype=torch.int64)
         zero = u.new_zeros(())
-        for level in reversed(self.levels[:-1]):
-            ends = level.view(-1, self.fanout)[node].cumsum(1)                      # [B, F]
+        levels = self.levels[:-1]
+        for depth in range(len(levels) - 1, -1, -1):
+            ends = levels[depth].view(-1, self.fanout)[node].cumsum(1)              # [B, F]
             u = torch.minimum(u, torch.nextafter(ends[:, -1], zero))
             # right=True: the first child whose end exceeds u, which has positive mass since ends[c] > ends[c-1].
-            # The clamp only matters when the whole tree is 0.
+            # The clamp only matters when the whole tree is 0 (or NaN).
             child = torch.searchsorted(ends, u[:, None], right=True)[:, 0].clamp(max=self.fanout - 1)
             before = ends.gather(1, (child - 1).clamp(min=0)[:, None])[:, 0]
             u = u - torch.where(child > 0, before, zero)
-            node = node * self.fanout + child
+            rows = len(levels[depth - 1]) // self.fanout if depth else self.capacity
+            node = (node * self.fanout + child).clamp(max=rows - 1)
         return node
 
     def sample(self, batch_size: int, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -45,18 +45,17 @@ def _described(error: Exception) -> str:
 
 
 def _end_allocation_to(pool, device: torch.device) -> None:
-    """After a capture that failed, the caching allocator stops giving the device's memory out of the graph's pool,
-    which it was told to do at the capture's start and is told to stop only at its successful end; until then it
-    would also keep every freed block that another stream used (it frees those only with no capture under way),
-    and look up a capture that no longer exists at every allocation. Then the pool goes, with the memory it
-    held. Where the capture got as far as its end, the graph does both itself. Private functions of torch's
-    (those torch.cuda.memory.use_mem_pool calls), tried as they are found."""
+    """After a capture that failed, the caching allocator stops giving the device's memory out of the graph's pool.
+    A torch whose capture_end raises before it ends that itself leaves the allocator believing a capture is under
+    way: it then keeps every freed block that another stream used, and a later synchronisation of the allocator
+    (an allocation that must free cached memory first) fails an internal assertion. The pool itself is left to the
+    graph: a torch that releases it after a failed capture does, one that does not keeps it until the process ends.
+    A private function of torch's (one torch.cuda.memory.use_mem_pool calls), tried as it is found."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     try:
         torch._C._cuda_endAllocateToPool(index, pool)
-    except (AttributeError, RuntimeError):   # ended already, or a torch that names it otherwise
-        return
-    torch._C._cuda_releasePool(index, pool)
+    except (AttributeError, RuntimeError):   # capture_end ended it, or a torch that names it otherwise
+        pass
 
 
 class Trainer:
@@ -283,8 +282,10 @@ class Trainer:
         """Captures _graph_body() after warming it up (_warm_up()), on a stream of the trainer's own: of high
         priority, a pool of streams that nothing else here draws from, while TensorPipe sends and receives CUDA
         tensors on streams it draws from the pool of normal priority, in turn, on threads of its own; work it put on
-        a stream being captured would be captured with the update. A capture that fails leaves nothing behind: the
-        thread's stream and the caching allocator are as they were (_end_allocation_to())."""
+        a stream being captured would be captured with the update. (A torch that instantiates graphs with their
+        nodes' priorities then also runs each replay's kernels ahead of other work waiting on the GPU: the update
+        is the learner's critical path.) After a capture that fails, the thread is on its own stream again and the
+        caching allocator out of the capture (_end_allocation_to())."""
         self._warm_up(n_step)
         if self._capture_stream is None:
             self._capture_stream = torch.cuda.Stream(self.device, priority=-1)

@@ -24,7 +24,7 @@ from test_end_to_end import TAGS, summaries_of
 from rl_dqn import checkpoints
 from rl_dqn.evaluate import EvalResult, load_player
 from rl_dqn.learner import TrainingDiverged, next_round
-from rl_dqn.transport import Change, LearnerEndpoint, Membership, Standing
+from rl_dqn.transport import Change, LearnerEndpoint, Membership, Standing, TransportError
 from rl_dqn.types import Ack, Chunk
 
 
@@ -174,6 +174,22 @@ def test_weights_that_diverge_between_checks_are_caught_as_the_run_closes(tmp_pa
     endpoint, line = run_to_divergence(learner)
     assert line.startswith("training diverged: ") and "no checkpoint was saved before" in line, line
     assert endpoint.published == [0] and not checkpoints.all_of(tmp_path)
+
+
+def test_weights_found_diverged_as_a_failing_run_closes_are_said_beside_its_error(tmp_path, capsys):
+    """A run that fails (here: every collector lost, then none for cluster.join_timeout_s) ends with its own error;
+    weights found diverged as it closes are said in a line, not saved, and not raised in that error's place."""
+    learner = make_learner(tmp_path, *DIVERGING, "learner.publish_every_updates=1000",
+                           "learner.checkpoint_every_updates=1000", "eval.every_env_steps=0",
+                           "cluster.join_timeout_s=0.5")
+    chunks = {f"collector{i}": [chain_chunk(i, seq, episodes=10) for seq in range(2)] for i in range(2)}
+    endpoint = MemoryEndpoint(chunks, learner.cfg.collectors.max_chunks_in_flight,
+                              lost={"collector0": "it died", "collector1": "it died"})
+    with pytest.raises(TransportError, match="no collector has been in the run"):
+        learner.run(endpoint)
+    assert learner.trainer.updates > 2 and not checkpoints.all_of(tmp_path)
+    assert "[learner] training diverged: " in capsys.readouterr().out
+    assert json.loads((tmp_path / "summary.json").read_text())["ended"] == "diverged"
 
 
 def test_an_evaluation_round_never_takes_diverged_weights(tmp_path):

@@ -3,6 +3,8 @@ one of priority 0, and a tree on CUDA makes the same choices as one on CPU."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -70,6 +72,22 @@ def test_find_agrees_with_brute_force_and_skips_zeros(capacity, fanout):
     last_positive = int(torch.nonzero(leaves).max())
     assert found[-3:].tolist() == [last_positive] * 3            # just below total, at total, past it
     assert found[-4] == int(torch.nonzero(leaves).min())         # u = 0
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("capacity,fanout", [(65, 3), (1000, 64), (4097, 2), (1200, 64)])
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_a_tree_holding_nan_or_infinity_still_draws_leaves_of_the_tree(device, capacity, fanout, bad):
+    """A learner that diverged puts NaN (or infinite) TD errors into the tree: its draws mean nothing then, but
+    they stay leaves of the tree, so that the learner lives to say it diverged."""
+    tree = SumTree(capacity, device, fanout=fanout)
+    tree.set(torch.arange(capacity // 2, device=device), torch.rand(capacity // 2, dtype=torch.float64))
+    tree.set(torch.tensor([capacity // 3, capacity // 2 + 1], device=device), torch.tensor(bad))
+    generator = torch.Generator(device).manual_seed(capacity)
+    index, _ = tree.sample(512, generator)
+    assert 0 <= int(index.min()) and int(index.max()) < capacity
+    u = torch.tensor([0.0, 1.0, 1e300, math.inf, math.nan], dtype=torch.float64, device=device)
+    assert int(tree.find(u).max()) < capacity
 
 
 @pytest.mark.parametrize("draws,batch_size", [(200, 1000), (5000, 4)])

@@ -187,7 +187,7 @@ def test_why_a_capture_failed_is_one_line_naming_the_line_that_raised_it():
 
 
 @pytest.mark.cuda
-def test_an_update_that_cannot_be_captured_runs_eagerly_says_why_and_leaves_nothing_behind(monkeypatch):
+def test_an_update_that_cannot_be_captured_runs_eagerly_says_why_and_the_next_capture_holds(monkeypatch):
     """An update that reads a value back to the host cannot be captured: the trainer trains on, eagerly, with Adam
     reading a float learning rate, and names the operation that failed, not the capture's end. The failed capture
     leaves the thread on its own stream and the caching allocator out of the capture, so that another trainer in
