@@ -231,15 +231,15 @@ def node_steps(config: str, overrides: list[str], name: str) -> list[Step]:
     python = sys.executable
     return [
         Step("cuda tests of the update", [python, "-m", "pytest", "-q", "-m", "cuda", "tests/test_trainer.py",
-                                          "tests/test_sumtree.py"], 45),
+                                          "tests/test_sumtree.py"], 65),
         Step("learner: eager and captured", [python, "benchmarks/learner.py", "--devices", "cuda", "--only",
                                              "NIPS, PER, 10-step", "--batches", "32,256", "--overlap", "on",
-                                             "--graph", "on,off", "--seconds", "1.5", "--replay", "20000"], 80),
+                                             "--graph", "on,off", "--seconds", "1.5", "--replay", "20000"], 75),
         Step("Pong to 18", [python, "benchmarks/learning.py", config, *overrides, "--seeds", "1", "--minutes", "2.5",
                             "--stop-at", "18", "--prefix", f"{name}-pong"], 175),
         Step("scaling over the CPU transport", [python, "benchmarks/scaling.py", config, *overrides, "--collectors",
                                                 "4,14", "--ratios", "2,0", "--transports", "cpu", "--seconds", "12",
-                                                "--prefix", f"{name}-scaling"], 130),
+                                                "--prefix", f"{name}-scaling"], 125),
         Step("scaling over the CUDA transport", [python, "benchmarks/scaling.py", config, *overrides,
                                                  "--collectors", "14", "--ratios", "2", "--transports", "cuda",
                                                  "--seconds", "12", "--prefix", f"{name}-scaling"], 45),
@@ -248,7 +248,7 @@ def node_steps(config: str, overrides: list[str], name: str) -> list[Step]:
         Step("scaling with collectors acting on the CPU", [python, "benchmarks/scaling.py", config, *overrides,
                                                            "collectors.device=cpu", "--collectors", "14",
                                                            "--ratios", "2,0", "--transports", "cpu",
-                                                           "--seconds", "12", "--prefix", f"{name}-cpu-acting"], 60),
+                                                           "--seconds", "12", "--prefix", f"{name}-cpu-acting"], 55),
     ]
 
 
