@@ -84,7 +84,12 @@ class Board:
         self.writer.add_scalar(tag, value, step)
 
     def histogram(self, tag: str, values: torch.Tensor, step: int) -> None:
-        self.writer.add_histogram(tag, values.detach().float().cpu(), step)
+        """A histogram of `values`' finite ones: NaN and infinities, which a learner whose training diverged computes
+        until its next check stops it, cannot be binned (TensorBoard's writer raises); none where none is finite."""
+        values = values.detach().float().cpu()
+        values = values[values.isfinite()]
+        if values.numel():
+            self.writer.add_histogram(tag, values, step)
 
     def gif(self, tag: str, gif: bytes, height: int, width: int, step: int) -> None:
         """An animated GIF in the Images tab (what SummaryWriter.add_video writes, without its moviepy)."""

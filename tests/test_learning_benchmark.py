@@ -303,3 +303,24 @@ def test_a_run_stopped_at_the_benchmarks_stop_at_is_told_from_one_that_ended_its
     summary = json.loads((tmp_path / "cut-s1/summary.json").read_text())
     assert summary["ended"] == "signal" and 0 < summary["env_steps"] < 1_000_000, summary
     _assert_evaluated(tmp_path / "cut-s1")
+
+
+def test_a_run_whose_weights_diverge_before_the_benchmark_stops_it_has_failed_and_is_not_recorded(tmp_path):
+    """Adam at a learning rate of 1e30 makes the weights NaN within two updates, and nothing checks them before the
+    time limit (no publish after the first, no checkpoint, no evaluation): the run finds it as the benchmark stops
+    it and exits 1 with its one line, and the benchmark counts that seed failed, not stopped, and records nothing."""
+    store = tmp_path / "results"
+    (store / "div").mkdir(parents=True)
+    (store / "div/benchmark.yaml").write_text("title: D\nabout: D.\ncommand: python benchmarks/learning.py "
+                                              "configs/smoke.yaml\n")
+    result = subprocess.run(
+        [*BENCHMARK, "--prefix", "div", "--minutes", "0.6", "--record", "div", "--results", str(store),
+         "train.total_env_steps=1000000", "train.lr=1e30", "learner.publish_every_updates=1000000",
+         "learner.checkpoint_every_updates=1000000", "eval.every_env_steps=0", "eval.video=false", *ONE],
+        cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    out = result.stdout
+    assert result.returncode == 1, out[-3000:] + result.stderr[-3000:]
+    assert "the time limit: stopping the run" in out, out
+    assert re.search(r"the run failed \(exit code \d+\) .*: \[learner\] error: training diverged: ", out), out
+    assert json.loads((tmp_path / "div-s1/summary.json").read_text())["ended"] == "diverged"
+    assert not (store / "div/div-s1").exists()
