@@ -70,7 +70,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import arguments  # noqa: E402  (benchmarks/arguments.py, beside this script)
-from envs import EnvError, describe_env  # noqa: E402
+from rl_dqn.cli import check_env  # noqa: E402
 from rl_dqn.config import ConfigError, load_config  # noqa: E402
 from rl_dqn.console import LAUNCHED_AT_ENV, duration  # noqa: E402
 from rl_dqn.plot import EvalPoint, PlotError, first_reaching, load_events, read_evals, score_list, table  # noqa: E402
@@ -395,10 +395,7 @@ def main() -> int:
             cfg = load_config(config, [f"run.seed={seed}", f"run.name={name}", *overrides])
             if cfg.env.id not in checked_envs:   # as the learner checks it, once per game
                 checked_envs.add(cfg.env.id)
-                try:
-                    describe_env(cfg.env)
-                except EnvError as e:
-                    raise ConfigError("env.id", str(e)) from None
+                check_env(cfg)
         except ConfigError as e:
             parser.error(arguments.config_error(e, args.config, overrides, "override"))
     # A run there would be refused (exit code 2), and so resumed, and timed, as if it were this seed's.

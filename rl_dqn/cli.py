@@ -182,7 +182,9 @@ def _check_learner_address(cfg: Config) -> None:
                                                  f"on cluster.interface={cfg.cluster.interface} ({mine}); give {mine}")
 
 
-def _check_env(cfg: Config):
+def check_env(cfg: Config):
+    """The env's spec, as every role checks it before it starts: a ConfigError naming env.id (or eval.video) where
+    the env cannot run as configured."""
     from envs import EnvError, describe_env
     try:
         spec = describe_env(cfg.env)
@@ -321,7 +323,7 @@ def _local(cfg: Config, args) -> int:
         """The env, every role's devices and maps as each will see them, and the replay's memory, checked while
         the roles load their modules and before any of them goes on."""
         _check_rendezvous(one_node)
-        spec = _check_env(cfg)
+        spec = check_env(cfg)
         placements = [_placement(one_node, rank) for rank in range(one_node.world_size)]
         learner_device = placements[0].device
         if learner_device.type == "cpu":   # a GPU's free memory the learner reads itself: CUDA does not start here
@@ -353,7 +355,7 @@ def _collectors(cfg: Config, args) -> int:
         while they load their modules."""
         _check_interface(cfg)
         _check_rendezvous(cfg)
-        _check_env(cfg)
+        check_env(cfg)
         for rank in range(cfg.cluster.rank, cfg.cluster.rank + cfg.collectors.count):
             _placement(cfg, rank)
         return True
@@ -481,7 +483,7 @@ def _learner(cfg: Config, args) -> int:
         _require_cluster(cfg, collector_node=False)
     _check_interface(cfg)
     _check_learner_address(cfg)
-    spec = _check_env(cfg)
+    spec = check_env(cfg)
     startup.mark("env checked")
     placement = _placement(cfg, 0)
     check_replay_memory(cfg, spec, placement.device, available_memory(placement.device))   # a GPU's context made
@@ -536,7 +538,7 @@ def _collector(cfg: Config, args) -> int:
                                                "eth0 (lo on one node)")
     _check_interface(cfg)
     _check_rendezvous(cfg)
-    _check_env(cfg)
+    check_env(cfg)
     placement = _placement(cfg, rank)
     name = f"collector{rank - 1}"
     stop = _stop_on_signals()

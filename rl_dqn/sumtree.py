@@ -31,6 +31,9 @@ class SumTree:
             self.levels.append(torch.zeros(parents * fanout, dtype=torch.float64, device=self.device))
             nodes = parents
         self.levels.append(torch.zeros(1, dtype=torch.float64, device=self.device))
+        # For each level below the root, how many of its entries are nodes (the rows of the level below) or leaves
+        # (the capacity): the rest is padding, which find() never walks into.
+        self._nodes = [capacity] + [len(level) // fanout for level in self.levels[:-2]]
         # For each leaf, the position in the latest `set` batch of its last write (scratch; stale entries unread).
         self._last_write = torch.zeros(capacity, dtype=torch.int32, device=self.device)
         self._positive = torch.zeros((), dtype=torch.int64, device=self.device)
@@ -85,17 +88,15 @@ class SumTree:
         u = mass.to(self.device, torch.float64).flatten().clamp(min=0)
         node = torch.zeros_like(u, dtype=torch.int64)
         zero = u.new_zeros(())
-        levels = self.levels[:-1]
-        for depth in range(len(levels) - 1, -1, -1):
-            ends = levels[depth].view(-1, self.fanout)[node].cumsum(1)              # [B, F]
+        for level, nodes in zip(reversed(self.levels[:-1]), reversed(self._nodes)):
+            ends = level.view(-1, self.fanout)[node].cumsum(1)                      # [B, F]
             u = torch.minimum(u, torch.nextafter(ends[:, -1], zero))
             # right=True: the first child whose end exceeds u, which has positive mass since ends[c] > ends[c-1].
             # The clamp only matters when the whole tree is 0 (or NaN).
             child = torch.searchsorted(ends, u[:, None], right=True)[:, 0].clamp(max=self.fanout - 1)
             before = ends.gather(1, (child - 1).clamp(min=0)[:, None])[:, 0]
             u = u - torch.where(child > 0, before, zero)
-            rows = len(levels[depth - 1]) // self.fanout if depth else self.capacity
-            node = (node * self.fanout + child).clamp(max=rows - 1)
+            node = (node * self.fanout + child).clamp(max=nodes - 1)
         return node
 
     def sample(self, batch_size: int, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
