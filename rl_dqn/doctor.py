@@ -11,7 +11,7 @@ config can run here as written; 2 with one line per problem when it cannot.
 
 `--gpu` is the acceptance run of a GPU machine: the `cuda` tests, the CPU-vs-CUDA transport benchmark, the learner
 benchmark on the GPU and a short training run of the config, each passed or failed with its error and figures, in
-runs/doctor-<date>/report.md with each check's whole output beside it, ready to attach to a bug report. On a
+runs/doctor-<date>-<time>/report.md with each check's whole output beside it, ready to attach to a bug report. On a
 machine without a GPU it says so and exits 2.
 
 `--gpu --quick` measures what a GPU node is worth to a run, for a node config (default configs/pong_gpu.yaml): the
@@ -313,7 +313,7 @@ def report(header: list[str], outcomes: list[Outcome]) -> str:
 
 def acceptance_run(config: str, overrides: list[str], runs_dir: Path, steps: list[Step] | None = None,
                    quick: bool = False) -> int:
-    """Runs the GPU checks and writes runs/doctor-<date>/report.md; exit 0 when every check passed, else 1."""
+    """Runs the GPU checks and writes runs/doctor-<date>-<time>/report.md; exit 0 when every check passed, else 1."""
     import torch
     if steps is None and not torch.cuda.is_available():
         print("doctor: no CUDA GPU here (torch.cuda.is_available() is False); the GPU acceptance run needs one",
