@@ -37,8 +37,9 @@ def chain_chunk(collector: int, seq: int, episodes: int, envs: int = 2, coin: bo
 
 
 def make_learner(tmp_path, *overrides) -> Learner:
+    """A learner of the chain on the CPU, also on a machine with a GPU (an override of learner.device moves it)."""
     cfg = load_config(ROOT / "configs/cartpole.yaml", [
-        "run.name=t", "collectors.count=2", "env.envs_per_collector=2", "collectors.chunk_steps=30",
-        "train.replay_capacity=1200", "train.learning_starts=64", "train.batch_size=32", "train.gamma=0.9",
-        "train.lr=0.001", "train.target_update_updates=20", *overrides])
+        "run.name=t", "learner.device=cpu", "collectors.count=2", "env.envs_per_collector=2",
+        "collectors.chunk_steps=30", "train.replay_capacity=1200", "train.learning_starts=64", "train.batch_size=32",
+        "train.gamma=0.9", "train.lr=0.001", "train.target_update_updates=20", *overrides])
     return Learner(cfg, SPEC, tmp_path)

@@ -46,8 +46,10 @@ def test_the_quick_start_config_can_run_here_and_the_report_says_on_what(tmp_pat
     assert f"torch {torch.__version__}" in out and "cores for this process" in out
     assert "AVX512-BF16" in out and "TensorPipe in this torch build: transports uv" in out
     from rl_dqn.network import resolve_precision
-    assert f"learner: cpu, {resolve_precision('auto', 'cpu')} (network.precision=auto" in out
-    assert "collector1: cpu" in out and "evaluator: cpu, 5 episodes on 5 envs then 15 episodes on 15 envs" in out
+    learner = "cuda:0" if torch.cuda.is_available() else "cpu"   # learner.device and collectors.device: auto
+    assert f"learner: {learner}, {resolve_precision('auto', learner)} (network.precision=auto" in out
+    assert f"collector1: {learner[:4]}" in out
+    assert "evaluator: cpu, 5 episodes on 5 envs then 15 episodes on 15 envs" in out
     assert "GB free under" in out and out.rstrip().endswith("configs/pong_cpu.yaml can run here as written")
 
 
