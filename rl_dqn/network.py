@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -243,7 +244,9 @@ class QNetwork(nn.Module):
         mixed = self.compute_dtype != torch.float32
         # No cast cache: each weight is cast once per call anyway, and casts cached while a CUDA graph is captured
         # would be kept from memory the graph's replays reuse (torch.cuda.make_graphed_callables asks the same).
-        with torch.autocast(x.device.type, dtype=self.compute_dtype, enabled=mixed, cache_enabled=False):
+        # In float32 no autocast region is entered: the update then runs on any device, the meta one included.
+        with torch.autocast(x.device.type, dtype=self.compute_dtype, cache_enabled=False) if mixed else \
+                contextlib.nullcontext():
             features = self._features(x)
             h = self.head_hidden(features)
             v = self.value_hidden(features) if self.dueling else None
