@@ -251,8 +251,9 @@ def test_collector_nodes_join_a_running_learner_whenever_they_come_and_leave_it_
     each. The learner listens on its named interface only (loopback here). The first node joins by tcp://. The
     second starts after the run has been training, by env:// with torchrun's MASTER_ADDR and MASTER_PORT, and is
     the collector side of a mixed cluster: a node with no GPU runs its collectors with transport.kind=cuda; they act
-    on the CPU and send CPU tensors, with no device map. (The learner here is on the CPU, as this test must run where
-    there is no GPU; over CUDA, a learner sends such collectors a CPU copy of its weights.) Once the second node's
+    on the CPU and send CPU tensors, with no device map (its GPUs hidden where the machine has any). (The learner here
+    is on the CPU, as this test must run where there is no GPU; over CUDA, a learner sends such collectors a CPU copy
+    of its weights.) Once the second node's
     data has reached the learner, SIGINT ends the first node within 30 s, its collector leaves and the learner
     trains on; SIGINT to the learner then ends the run and the other node, with a checkpoint. (A two-node run that
     ends by itself at its total: test_faults.py's test_learner_death_then_resume_continues_the_run.)"""
@@ -270,6 +271,7 @@ def test_collector_nodes_join_a_running_learner_whenever_they_come_and_leave_it_
     assert all(a.startswith("127.0.0.1:") for a in addresses), addresses
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")   # a node with no GPU, also on a machine that has one
     second = Console(launch("collector.sh", "configs/smoke.yaml", "cluster.init_method=env://", *cluster,
                             "cluster.rank=2", "transport.kind=cuda", "collectors.device=cpu"))
     learner.wait_for("[learner] collector1 joined (process 1 of its slot)", timeout=90)
