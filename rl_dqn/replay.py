@@ -95,6 +95,9 @@ class ReplayMemory:
         self.tree = SumTree(num_lanes * self.lane_capacity, d)
         self.max_priority = torch.ones((), dtype=torch.float64, device=d)   # largest |TD error| + eps seen
         self._discount_powers = gamma ** torch.arange(n_step + 1, dtype=torch.float32, device=d)
+        # Made once, not in each batch: a batch is a few dozen small operations, each a kernel launch on a GPU.
+        self._steps = torch.arange(n_step + 2, device=d)                     # an n-step window's offsets
+        self._stacked = torch.arange(-frame_stack + 1, 1, device=d)           # a frame stack's offsets
         self._ready = False
 
     # ------------------------------------------------------------------------------------------- data in
@@ -270,40 +273,39 @@ class ReplayMemory:
         n, cap = self.n_step if n is None else n, self.lane_capacity
         if not 1 <= n <= self.n_step:
             raise ValueError(f"n-step returns of {n} steps: must be from 1 to the memory's n_step ({self.n_step})")
-        steps = torch.arange(n, device=self.device)
-        window = (tick[:, None] + steps) % cap                             # k .. k+n-1
+        # Entries k .. k+n+1 of each lane: k .. k+n-1 hold the n steps, and step k+i ends a truncated episode
+        # when k+i+2 starts the next one (k+i+1 is its final observation). The last step's end is never read: an
+        # end only cuts the steps after it.
+        window = (tick[:, None] + self._steps[:n + 2]) % cap
         rows = lane[:, None]
-        rewards, terminal = self.rewards[rows, window], self.terminated[rows, window]
-        ends = terminal.clone()
-        if n > 1:
-            # Step k+i ends a truncated episode when k+i+2 starts the next one (k+i+1 is its final observation).
-            ends[:, :n - 1] |= self.first[rows, (tick[:, None] + steps[:n - 1] + 2) % cap]
-        ended_before = (ends.long().cumsum(1) - ends.long()) > 0
-        included = ~ended_before
+        rewards, terminal = self.rewards[rows, window[:, :n]], self.terminated[rows, window[:, :n]]
+        ends = (terminal | self.first[rows, window[:, 2:]]).long()
+        included = ends.cumsum(1) == ends                                  # no end before the step
         returns = (rewards * included * self._discount_powers[:n]).sum(1)
         m = included.sum(1)
         terminated = (terminal & included).any(1)
-        discounts = torch.where(terminated, 0.0, self._discount_powers[m])
+        discounts = self._discount_powers[m].masked_fill_(terminated, 0.0)
         return returns, discounts, tick + m
 
     def _stack(self, lane: torch.Tensor, tick: torch.Tensor) -> torch.Tensor:
-        """The observations at `tick`: frames k-S+1 .. k, zeroed where they belong to an earlier episode."""
+        """The observations at `tick` (any shape, `lane` broadcast to it): frames k-S+1 .. k, zeroed where they
+        belong to an earlier episode, `[*tick.shape, S, *frame]`."""
         S = self.frame_stack
-        positions = (tick[:, None] + torch.arange(-S + 1, 1, device=self.device)) % self.lane_capacity
-        rows = lane[:, None]
-        index = rows * self.lane_capacity + positions                      # [B, S]: rows of the flattened store
+        positions = (tick[..., None] + self._stacked) % self.lane_capacity
+        rows = lane.expand_as(tick)[..., None]
+        index = rows * self.lane_capacity + positions                      # [..., S]: rows of the flattened store
         if S > 1:
             # The frame at tick t belongs to an earlier episode when an episode starts in (t, k]: a reverse
             # cumulative OR over the start flags of ticks k-S+2 .. k. Such a frame is gathered from the zero row
             # instead, a select on the indices rather than on the frames (a frame never written may hold
             # anything, NaN included, so a product would not do).
-            starts = self.first[rows, positions[:, 1:]]
-            earlier = starts.flip(1).cummax(1).values.flip(1)              # [B, S-1]: ticks k-S+1 .. k-1
-            index[:, :-1] = torch.where(earlier, len(self._frame_rows) - 1, index[:, :-1])
+            starts = self.first[rows, positions[..., 1:]]
+            earlier = starts.flip(-1).cummax(-1).values.flip(-1)           # [..., S-1]: ticks k-S+1 .. k-1
+            index[..., :-1].masked_fill_(earlier, len(self._frame_rows) - 1)
         # Whole frames as rows of the flattened store: on the CPU this copies each frame at once, where
         # frames[rows, positions] went element by element (docs/benchmarks.md, Replay memory).
         frames = self._frame_rows.index_select(0, index.flatten())
-        return frames.view(*positions.shape, *self.frames.shape[2:])       # [B, S, *frame]
+        return frames.view(*positions.shape, *self.frames.shape[2:])
 
     def _gather(self, lane: torch.Tensor, tick: torch.Tensor, index: torch.Tensor | None = None,
                 weights: torch.Tensor | None = None, n_step: int | None = None) -> Batch:
@@ -313,5 +315,5 @@ class ReplayMemory:
             index = lane * self.lane_capacity + k
         if weights is None:
             weights = torch.ones(len(tick), device=self.device)
-        return Batch(self._stack(lane, tick), self.actions[lane, k], returns, self._stack(lane, next_tick),
-                     discounts, index, weights)
+        obs, next_obs = self._stack(lane, torch.stack([tick, next_tick]))   # both in one gather
+        return Batch(obs, self.actions[lane, k], returns, next_obs, discounts, index, weights)

@@ -36,7 +36,9 @@ class SumTree:
         self._nodes = [capacity] + [len(level) // fanout for level in self.levels[:-2]]
         # For each leaf, the position in the latest `set` batch of its last write (scratch; stale entries unread).
         self._last_write = torch.zeros(capacity, dtype=torch.int32, device=self.device)
-        self._positive = torch.zeros((), dtype=torch.int64, device=self.device)
+        # Made once, not at each call: a call is a few small operations per level, each a kernel launch on a GPU.
+        self._zero = torch.zeros((), dtype=torch.float64, device=self.device)
+        self._counting = torch.arange(256, dtype=torch.int32, device=self.device)   # 0, 1, 2, ... (_first())
 
     def set(self, index: torch.Tensor, priority: torch.Tensor) -> None:
         """Sets leaves `index` (int64, any order, in [0, capacity)) to `priority` (>= 0, float, broadcast to the
@@ -52,13 +54,8 @@ class SumTree:
         leaves = self.levels[0]
         # A scatter with repeated indices may keep any of the values. Give every write to a leaf the value of its
         # last write, so whichever one lands, the result is the same on CPU and CUDA.
-        order = torch.arange(len(index), dtype=torch.int32, device=self.device)
-        self._last_write.scatter_reduce_(0, index, order, "amax", include_self=False)
-        last = self._last_write[index]
-        priority = priority[last]
-        turned_on = (priority > 0).long() - (leaves[index] > 0).long()
-        self._positive += (turned_on * (last == order)).sum()                        # once per leaf
-        leaves[index] = priority
+        self._last_write.scatter_reduce_(0, index, self._first(len(index)), "amax", include_self=False)
+        leaves[index] = priority[self._last_write[index]]
         node = index
         for children, parents in zip(self.levels, self.levels[1:]):
             node = node // self.fanout
@@ -73,8 +70,8 @@ class SumTree:
         return self.levels[-1][0].clone()
 
     def count(self) -> int:
-        """How many leaves have a priority above 0 (syncs with the device)."""
-        return int(self._positive)
+        """How many leaves have a priority above 0: a pass over the leaves, and a sync with the device."""
+        return int((self.levels[0][:self.capacity] > 0).sum())
 
     def find(self, mass: torch.Tensor) -> torch.Tensor:
         """For each u in `mass` (0 <= u < total, which must be > 0), the leaf i with prefix(i) <= u < prefix(i) + p_i.
@@ -86,17 +83,20 @@ class SumTree:
         ends the process before the learner can say what happened).
         """
         u = mass.to(self.device, torch.float64).flatten().clamp(min=0)
-        node = torch.zeros_like(u, dtype=torch.int64)
-        zero = u.new_zeros(())
+        node = None   # the root, the one row of the level below it
         for level, nodes in zip(reversed(self.levels[:-1]), reversed(self._nodes)):
-            ends = level.view(-1, self.fanout)[node].cumsum(1)                      # [B, F]
-            u = torch.minimum(u, torch.nextafter(ends[:, -1], zero))
-            # right=True: the first child whose end exceeds u, which has positive mass since ends[c] > ends[c-1].
-            # The clamp only matters when the whole tree is 0 (or NaN).
-            child = torch.searchsorted(ends, u[:, None], right=True)[:, 0].clamp(max=self.fanout - 1)
-            before = ends.gather(1, (child - 1).clamp(min=0)[:, None])[:, 0]
-            u = u - torch.where(child > 0, before, zero)
-            node = (node * self.fanout + child).clamp(max=nodes - 1)
+            rows = level.view(-1, self.fanout)
+            rows = rows[0].expand(len(u), -1) if node is None else rows[node]
+            # Each row's sums before each child and after the last: [B, F+1], starting at 0.
+            sums = torch.nn.functional.pad(rows, (1, 0)).cumsum(1)
+            u = torch.minimum(u, torch.nextafter(sums[:, -1], self._zero))
+            # right=True: past the last sum not above u (sums[0] = 0 <= u), i.e. 1 + the first child whose end
+            # exceeds u, which has positive mass since its end exceeds the one before. The clamp only matters when
+            # the whole tree is 0 (or NaN).
+            child = torch.searchsorted(sums, u[:, None], right=True).sub_(1).clamp_(0, self.fanout - 1)
+            u = u - sums.gather(1, child)[:, 0]
+            child = child[:, 0]
+            node = (child if node is None else child.add_(node, alpha=self.fanout)).clamp_(max=nodes - 1)
         return node
 
     def sample(self, batch_size: int, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,6 +117,12 @@ class SumTree:
         replay."""
         batch_size = len(offsets)
         total = self.levels[-1][0]
-        strata = torch.arange(batch_size, dtype=torch.float64, device=self.device)
-        index = self.find((strata + offsets.to(self.device)) * (total / batch_size))
+        index = self.find((self._first(batch_size) + offsets.to(self.device)) * (total / batch_size))
         return index, self.levels[0][index] / total
+
+    def _first(self, count: int) -> torch.Tensor:
+        """0, 1, ..., count - 1 (int32) on the tree's device, a view of a tensor made once and grown when a call
+        needs more (which, for a captured CUDA graph, its warm-up does before the capture)."""
+        if len(self._counting) < count:
+            self._counting = torch.arange(max(count, 2 * len(self._counting)), dtype=torch.int32, device=self.device)
+        return self._counting[:count]

@@ -339,7 +339,7 @@ class Trainer:
         """Every tensor an update writes that outlives it."""
         tree = self.replay.tree
         written = [*self.network.parameters(), *self.network.buffers(), *(self.averaged or []),
-                   self._loss_sum, self._q_sum, self.replay.max_priority, *tree.levels, tree._positive]
+                   self._loss_sum, self._q_sum, self.replay.max_priority, *tree.levels]
         for state in self.optimizer.state.values():
             written += [value for value in state.values() if isinstance(value, torch.Tensor)]
         return written
