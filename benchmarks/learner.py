@@ -16,6 +16,12 @@ threads are the learner process's: all cores, shared out between the two threads
 process's CPU time per update, which on a small machine is what the collectors and the learner share. --profile N
 then prints torch.profiler's table of the operators that took the most time over N updates (use --overlap off: it
 sees only the thread that calls step()).
+
+--operators counts instead of timing, on any machine: each setup's update as a CUDA graph captures it (the trainer's
+_graph_body()), run on PyTorch's meta device (benchmarks/meta_device.py), its operators that run a kernel counted by
+part. On a GPU most of the captured update's time goes to starting its many small kernels one after another, so the
+count is what a change to the update can lower without a GPU to time it. (The meta device clips gradients one
+parameter at a time, as the CPU does: on a GPU that part is a few kernels over all of them.)
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import re
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -34,10 +41,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import arguments  # noqa: E402  (benchmarks/arguments.py, beside this script)
+import meta_device  # noqa: E402
 from envs import EnvSpec  # noqa: E402
 from rl_dqn.config import Config, ConfigError, load_config  # noqa: E402
 from rl_dqn.learner import Learner  # noqa: E402
-from rl_dqn.trainer import torch_threads  # noqa: E402
+from rl_dqn.trainer import Trainer, torch_threads  # noqa: E402
 from rl_dqn.system import configure_process  # noqa: E402
 from rl_dqn.types import Chunk  # noqa: E402
 
@@ -128,6 +136,45 @@ def profile(learner: Learner, updates: int, rows: int = 15) -> str:
     return profiler.key_averages().table(sort_by=key, row_limit=rows)
 
 
+PARTS = ["draw", "batch", "inputs", "target network", "online network on s'", "online network on s", "loss",
+         "priorities", "gradient step", "other"]
+
+
+def operators(config: str, overrides: list[str], batch: int, transitions: int) -> Counter:
+    """The operators that run a kernel in the update a CUDA graph captures, by part (PARTS): a trainer
+    on the CPU trains once on a few chunks (Adam's state), then moves to the meta device and updates there."""
+    cfg = setup_config(config, overrides, "cpu", batch, transitions)
+    trainer = Trainer(cfg, SPEC, torch.device("cpu"), static=True)
+    T, E = 64, cfg.env.envs_per_collector
+    for collector in range(cfg.num_collectors):
+        trainer.replay.extend(collector * E, Chunk(
+            collector, 0, 0, torch.randint(0, 255, (T, E, 84, 84), dtype=torch.uint8), torch.randint(0, 6, (T, E)),
+            torch.randn(T, E), torch.rand(T, E) < 0.01, torch.zeros(T, E, dtype=torch.bool),
+            torch.zeros(0, dtype=torch.float64), torch.zeros(0, dtype=torch.int64), torch.randn(T, E),
+            torch.randn(T, E)))
+    trainer.step(cfg.train.learning_starts)
+    meta_device.on_meta(trainer)
+    counted = meta_device.Operators()
+    meta_device.recorded_parts(trainer, counted)
+    with meta_device.fused_adam_kernel(), counted:
+        trainer._graph_body(trainer._n_step())
+    trainer.close()
+    return counted.kernels()
+
+
+def count_operators(setups: dict, batches: list[int], transitions: int) -> None:
+    width = max(len(label) for label in setups)
+    print(f"operators of the captured update, by part (replay {transitions:,} transitions; views left out)")
+    print(f"  {'replay and network':<{width}} {'batch':>5} {'all':>5}  " + "  ".join(PARTS), flush=True)
+    for label, (config, overrides) in setups.items():
+        if "bf16" in label:   # autocast has no meta device
+            continue
+        for batch in batches:
+            counted = operators(config, overrides, batch, transitions)
+            print(f"  {label:<{width}} {batch:>5} {sum(counted.values()):>5}  " +
+                  "  ".join(f"{counted[part]:>{len(part)}}" for part in PARTS), flush=True)
+
+
 ON_OFF = {"on": "true", "off": "false"}
 
 
@@ -158,6 +205,8 @@ def main() -> None:
     parser.add_argument("--only", default="", help="measure only the setups whose label contains this, e.g. NIPS")
     parser.add_argument("--profile", type=int, default=0, metavar="UPDATES",
                         help="after each measurement, profile this many updates and print the costliest operators")
+    parser.add_argument("--operators", action="store_true",
+                        help="count the captured update's operators by part instead of timing (float32 setups)")
     args = parser.parse_args()
     if args.profile < 0:
         parser.error(f"--profile must be >= 0 updates, got {args.profile}")
@@ -178,6 +227,9 @@ def main() -> None:
                     flag = {"learner.device": f"--devices {args.devices}", "train.batch_size": f"--batches {batch}",
                             "train.replay_capacity": f"--replay {args.replay}"}.get(e.key, f"{config}")
                     parser.error(f"{flag}: {e}")
+    if args.operators:
+        count_operators(setups, args.batches, args.replay)
+        return
     configure_process()   # as the learner process does
     gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
     print(f"rl_dqn learner on {os.cpu_count()} CPU cores{gpu}, torch {torch.__version__}, replay "

@@ -5,15 +5,14 @@ weights from the same replay."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from chain import S0, S1, chain_chunk, make_learner
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from envs import EnvSpec
 from rl_dqn import dqn
@@ -22,6 +21,8 @@ from rl_dqn.trainer import Trainer, torch_threads
 from rl_dqn.types import Chunk
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import meta_device  # noqa: E402  (benchmarks/meta_device.py)
 PONG = EnvSpec(obs_shape=(4, 84, 84), obs_dtype=torch.uint8, num_actions=6)
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
@@ -248,110 +249,6 @@ def test_the_static_update_follows_the_schedules_and_the_replay_as_they_change(d
         torch.testing.assert_close(a.float(), b.float(), rtol=1e-4, atol=1e-5)
 
 
-META = torch.device("meta")
-
-
-def _on_meta(trainer: Trainer) -> None:
-    """Moves every tensor the trainer holds (its networks and their gradients, Adam's state and learning rate, the
-    moving average, the replay and its sum tree, its own buffers) to PyTorch's meta device, and points each device
-    it keeps there. A tensor held in two places (a parameter in its module and in Adam's groups) stays one tensor.
-    Meta tensors have shapes, dtypes and a device but no values: an operation that reads a value back to the host
-    fails on them, as one that mixes in a tensor of another device does (a 0-dim one excepted)."""
-    moved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}   # id -> (a tensor, its meta copy), the copies' too
-    visited: set[int] = set()
-
-    def tensor(t: torch.Tensor) -> torch.Tensor:
-        if id(t) not in moved:
-            copy = t.detach().to(META)
-            if isinstance(t, torch.nn.Parameter):
-                copy = torch.nn.Parameter(copy, requires_grad=t.requires_grad)
-                copy.grad = None if t.grad is None else t.grad.detach().to(META)
-            moved[id(t)], moved[id(copy)] = (t, copy), (copy, copy)
-        return moved[id(t)][1]
-
-    def value(v):
-        if isinstance(v, torch.Tensor):
-            return tensor(v)
-        if isinstance(v, torch.device):
-            return META
-        if isinstance(v, list):
-            return [value(x) for x in v]
-        if isinstance(v, torch.nn.Module) or type(v).__module__.startswith("rl_dqn.") and hasattr(v, "__dict__"):
-            instance(v)
-        return v
-
-    def instance(o) -> None:
-        if id(o) in visited or dataclasses.is_dataclass(o):   # the config: frozen, and holds no tensor
-            return
-        visited.add(id(o))
-        if isinstance(o, torch.nn.Module):
-            for table in (o._parameters, o._buffers):
-                for name, t in table.items():
-                    table[name] = None if t is None else tensor(t)
-            for child in o.children():
-                instance(child)
-        for name, v in list(vars(o).items()):
-            if name not in ("optimizer", "generator", "_parameters", "_buffers", "_modules"):
-                setattr(o, name, value(v))
-
-    instance(trainer)
-    optimizer = trainer.optimizer
-    state = {tensor(p): {k: value(v) for k, v in s.items()} for p, s in optimizer.state.items()}
-    optimizer.state.clear()
-    optimizer.state.update(state)
-    for group in optimizer.param_groups:
-        group["params"] = [tensor(p) for p in group["params"]]
-        group["lr"] = value(group["lr"])
-
-
-class _Program(TorchDispatchMode):
-    """The operations run inside it, as a CUDA graph would hold them: each operator with its tensors' shapes,
-    dtypes and devices and its other arguments' values; and those run with a tensor off the meta device."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops: list[str] = []
-        self.elsewhere: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        result = func(*args, **kwargs)
-        devices = set()
-
-        def described(a):
-            if isinstance(a, torch.Tensor):
-                devices.add(a.device)
-                return f"{a.dtype}{list(a.shape)}@{a.device.type}"
-            if isinstance(a, (list, tuple)):
-                return "(" + ", ".join(described(x) for x in a) + ")"
-            return type(a).__name__ if isinstance(a, torch.ScriptObject) else repr(a)
-
-        op = f"{func}{described(args)} {described(sorted(kwargs.items()))} -> {described(result)}"
-        self.ops.append(op)
-        if devices - {META}:
-            self.elsewhere.append(op)
-        return result
-
-
-@pytest.fixture
-def fused_adam_on_meta():
-    """Fused Adam with its learning rate on the device (as a captured graph's Adam reads it) has no meta kernel in
-    torch: this one checks what the CUDA kernel needs, every tensor on one device, and changes nothing."""
-    op = "_fused_adam_.tensor_lr"
-    if torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{op}", "Meta"):
-        yield
-        return
-
-    def meta_kernel(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, **options):
-        devices = {t.device for t in [*params, *grads, *exp_avgs, *exp_avg_sqs, *max_exp_avg_sqs, *state_steps, lr]}
-        assert len(devices) == 1, f"fused Adam's tensors on several devices: {devices}"
-
-    library = torch.library.Library("aten", "IMPL")
-    library.impl(op, meta_kernel, "Meta")
-    yield
-    library._destroy()
-
-
 @pytest.mark.parametrize("overrides", [[], ["train.double=false", "train.prioritized=false", "eval.ema_updates=10"],
                                        ["network.quantiles=8"],
                                        ["network.quantiles=8", "train.double=false", "train.munchausen_alpha=0.9"],
@@ -359,7 +256,7 @@ def fused_adam_on_meta():
                                         "network.dueling=true"]],
                          ids=["pong_cpu", "nature-uniform-ema", "quantiles", "munchausen", "background-dueling"])
 def test_the_update_a_cuda_graph_captures_stays_on_the_device_and_is_the_same_program_each_time(
-        overrides, fused_adam_on_meta, monkeypatch):
+        overrides, monkeypatch):
     """What a CUDA graph can hold, checked without a GPU: the static update (_graph_body(), what a GPU captures and
     replays) runs on the meta device, where an operation that reads a value back to the host (.item(), a tensor
     as a bool, nonzero, a mask) fails, and it touches no tensor on another device (a CPU tensor would be copied
@@ -372,28 +269,45 @@ def test_the_update_a_cuda_graph_captures_stays_on_the_device_and_is_the_same_pr
                       "train.lr_decay_end_env_steps=7000", "train.priority_beta_env_steps=7000", *overrides)
     trainer = filled(cfg, "cpu", static=True)
     run(trainer, 1)   # Adam's state, as the warm-up before a capture makes it
-    _on_meta(trainer)
+    meta_device.on_meta(trainer)
     body, programs, schedules = trainer._graph_body, [], []
 
     def recorded(n_step: int):
         written = [id(t) for t in trainer._written_by_update()]
-        with _Program() as program:
+        with meta_device.Operators() as program:
             update = body(n_step)
         assert [id(t) for t in trainer._written_by_update()] == written, "the update rebound a tensor it writes"
         programs.append(program)
         return update
 
     monkeypatch.setattr(trainer, "_graph_body", recorded)
-    for env_steps in (1000, 4000, 7000):
-        trainer.step(env_steps)
-        schedules.append((trainer._lr_set, dqn.beta_schedule(env_steps, cfg.train.priority_beta,
-                                                             cfg.train.learning_starts, 7000)))
+    with meta_device.fused_adam_kernel():
+        for env_steps in (1000, 4000, 7000):
+            trainer.step(env_steps)
+            schedules.append((trainer._lr_set, dqn.beta_schedule(env_steps, cfg.train.priority_beta,
+                                                                 cfg.train.learning_starts, 7000)))
     assert len(set(schedules)) == 3
     assert all(program.elsewhere == [] for program in programs), programs[0].elsewhere[:3]
     for program in programs[1:]:
         changed = [(a, b) for a, b in zip(programs[0].ops, program.ops) if a != b]
         assert len(program.ops) == len(programs[0].ops) and not changed, changed[:3]
     assert any(op.startswith("aten._fused_adam_.tensor_lr") for op in programs[0].ops)   # the step is in it
+
+
+def test_the_learner_benchmark_counts_the_captured_updates_operators_by_part():
+    """benchmarks/learner.py --operators: per setup and batch, the kernels of the captured update on the meta device,
+    each part of the update counted (the parts add up to the whole; the bfloat16 setups, which autocast cannot run
+    there, are left out)."""
+    import subprocess
+    out = subprocess.run([sys.executable, "benchmarks/learner.py", "--operators", "--only", "NIPS, PER, 10-step",
+                          "--batches", "32,64", "--replay", "20000"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = [line.split() for line in out.stdout.splitlines() if line.startswith("  NIPS")]
+    assert [(row[3], row[4]) for row in rows] == [("fp32", "32"), ("fp32", "64")], out.stdout
+    for row in rows:
+        total, parts = int(row[5]), [int(n) for n in row[6:]]
+        assert len(parts) == 10 and all(n > 0 for n in parts[:-1]) and sum(parts) == total, row
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
