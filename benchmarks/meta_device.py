@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 META = torch.device("meta")
 # Operators that make a view or an alias of a tensor: no kernel runs for them.
 VIEWS = {"view", "t", "unsqueeze", "squeeze", "select", "slice", "expand", "permute", "transpose", "detach",
-         "alias", "_unsafe_view", "as_strided", "lift_fresh"}
+         "alias", "_unsafe_view", "as_strided", "lift_fresh", "unbind", "split", "split_with_sizes", "chunk"}
 _FUSED_ADAM = "_fused_adam_.tensor_lr"   # Adam reading its learning rate from the device, as a captured one does
 
 

@@ -39,7 +39,7 @@ class SumTree:
         self._last_write = torch.zeros(capacity, dtype=torch.int32, device=self.device)
         # Made once, not at each call: a call is a few small operations per level, each a kernel launch on a GPU.
         self._zero = torch.zeros((), dtype=torch.float64, device=self.device)
-        self._counting = torch.arange(256, dtype=torch.int32, device=self.device)   # 0, 1, 2, ... (_first())
+        self._counting = torch.arange(4096, dtype=torch.int32, device=self.device)   # 0, 1, 2, ... (_first())
 
     def set(self, index: torch.Tensor, priority: torch.Tensor) -> None:
         """Sets leaves `index` (int64, any order, in [0, capacity)) to `priority` (>= 0, float, broadcast to the
@@ -122,8 +122,9 @@ class SumTree:
         return index, self.levels[0][index] / total
 
     def _first(self, count: int) -> torch.Tensor:
-        """0, 1, ..., count - 1 (int32) on the tree's device, a view of a tensor made once and grown when a call
-        needs more (which, for a captured CUDA graph, its warm-up does before the capture)."""
-        if len(self._counting) < count:
-            self._counting = torch.arange(max(count, 2 * len(self._counting)), dtype=torch.int32, device=self.device)
+        """0, 1, ..., count - 1 (int32) on the tree's device: a view of a tensor made once, or for a count beyond it
+        (a large insert, a restore) a new one. The tensor made once is never replaced: a captured CUDA graph reads
+        it where it was at the capture."""
+        if count > len(self._counting):
+            return torch.arange(count, dtype=torch.int32, device=self.device)
         return self._counting[:count]

@@ -10,7 +10,7 @@ import torch
 
 from rl_dqn.sumtree import SumTree
 
-SHAPES = [(capacity, fanout) for capacity in (1, 5, 64, 65, 1000, 4097) for fanout in (2, 3, 64)]
+SHAPES = [(capacity, fanout) for capacity in (1, 5, 64, 65, 1000, 4097) for fanout in (2, 3, 64, 512)]
 
 
 def random_sets(tree: SumTree, generator: torch.Generator, rounds: int = 20) -> torch.Tensor:
