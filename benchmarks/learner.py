@@ -136,12 +136,8 @@ def profile(learner: Learner, updates: int, rows: int = 15) -> str:
     return profiler.key_averages().table(sort_by=key, row_limit=rows)
 
 
-PARTS = ["draw", "batch", "inputs", "target network", "online network on s'", "online network on s", "loss",
-         "priorities", "gradient step", "other"]
-
-
 def operators(config: str, overrides: list[str], batch: int, transitions: int) -> Counter:
-    """The operators that run a kernel in the update a CUDA graph captures, by part (PARTS): a trainer
+    """The operators that run a kernel in the update a CUDA graph captures, by part (meta_device.PARTS): a trainer
     on the CPU trains once on a few chunks (Adam's state), then moves to the meta device and updates there."""
     cfg = setup_config(config, overrides, "cpu", batch, transitions)
     trainer = Trainer(cfg, SPEC, torch.device("cpu"), static=True)
@@ -165,14 +161,14 @@ def operators(config: str, overrides: list[str], batch: int, transitions: int) -
 def count_operators(setups: dict, batches: list[int], transitions: int) -> None:
     width = max(len(label) for label in setups)
     print(f"operators of the captured update, by part (replay {transitions:,} transitions; views left out)")
-    print(f"  {'replay and network':<{width}} {'batch':>5} {'all':>5}  " + "  ".join(PARTS), flush=True)
+    print(f"  {'replay and network':<{width}} {'batch':>5} {'all':>5}  " + "  ".join(meta_device.PARTS), flush=True)
     for label, (config, overrides) in setups.items():
         if "bf16" in label:   # autocast has no meta device
             continue
         for batch in batches:
             counted = operators(config, overrides, batch, transitions)
             print(f"  {label:<{width}} {batch:>5} {sum(counted.values()):>5}  " +
-                  "  ".join(f"{counted[part]:>{len(part)}}" for part in PARTS), flush=True)
+                  "  ".join(f"{counted[part]:>{len(part)}}" for part in meta_device.PARTS), flush=True)
 
 
 ON_OFF = {"on": "true", "off": "false"}

@@ -143,6 +143,11 @@ def fused_adam_kernel():
         library._destroy()
 
 
+# The parts of an update that recorded_parts() tells apart, in the order it runs them; `other` is in none of them.
+PARTS = ["draw", "batch", "inputs", "target network", "online network on s'", "online network on s", "loss",
+         "priorities", "gradient step", "other"]
+
+
 def recorded_parts(trainer, operators: Operators) -> None:
     """Wraps the parts of `trainer`'s update (already on the meta device) so that `operators` tells them apart: the
     draw (the sum tree's walk and the importance weights), the batch's gather, the frames made into the networks'
