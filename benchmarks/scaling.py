@@ -195,7 +195,7 @@ def main() -> int:
                 rows.append(row)
                 print(f"  {header.strip()}\n  {row.strip()}", flush=True)
     print()
-    print(f"rl_dqn pipeline on {os.cpu_count()} CPU cores: {args.config} {' '.join(args.overrides)}, "
+    print(f"rl_dqn pipeline on {os.cpu_count()} CPU cores: {' '.join([args.config, *args.overrides])}, "
           f"{args.seconds:g} s per run from its first update (ratio 0: its first data)")
     print(header)
     print("\n".join(rows))
