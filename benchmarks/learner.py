@@ -98,18 +98,24 @@ def filled_learner(config: str, overrides: list[str], device: str, batch: int, t
                    run_dir: Path) -> Learner:
     cfg = setup_config(config, overrides, device, batch, transitions)
     learner = Learner(cfg, SPEC, run_dir, device=device)
-    T, E = 64, cfg.env.envs_per_collector
     generator = torch.Generator().manual_seed(0)
-    for seq in range(transitions // (T * E * cfg.num_collectors)):
+    for seq in range(transitions // (CHUNK_STEPS * cfg.env.envs_per_collector * cfg.num_collectors)):
         for collector in range(cfg.num_collectors):
-            learner.intake.ingest(Chunk(collector, seq, 0,
-                                 torch.randint(0, 255, (T, E, 84, 84), dtype=torch.uint8, generator=generator),
-                                 torch.randint(0, 6, (T, E), generator=generator), torch.randn(T, E),
-                                 torch.rand(T, E, generator=generator) < 0.01,
-                                 torch.rand(T, E, generator=generator) < 0.002,
-                                 torch.zeros(0, dtype=torch.float64), torch.zeros(0, dtype=torch.int64),
-                                 torch.randn(T, E, generator=generator), torch.randn(T, E, generator=generator)))
+            learner.intake.ingest(random_chunk(collector, seq, cfg.env.envs_per_collector, generator))
     return learner
+
+
+CHUNK_STEPS = 64
+
+
+def random_chunk(collector: int, seq: int, envs: int, generator: torch.Generator) -> Chunk:
+    """A chunk of CHUNK_STEPS steps of `envs` Pong envs with random frames, actions, rewards and episode ends."""
+    T, E = CHUNK_STEPS, envs
+    return Chunk(collector, seq, 0, torch.randint(0, 255, (T, E, 84, 84), dtype=torch.uint8, generator=generator),
+                 torch.randint(0, 6, (T, E), generator=generator), torch.randn(T, E),
+                 torch.rand(T, E, generator=generator) < 0.01, torch.rand(T, E, generator=generator) < 0.002,
+                 torch.zeros(0, dtype=torch.float64), torch.zeros(0, dtype=torch.int64),
+                 torch.randn(T, E, generator=generator), torch.randn(T, E, generator=generator))
 
 
 def measure(learner: Learner, seconds: float) -> tuple[float, float, float]:
@@ -141,13 +147,9 @@ def operators(config: str, overrides: list[str], batch: int, transitions: int) -
     on the CPU trains once on a few chunks (Adam's state), then moves to the meta device and updates there."""
     cfg = setup_config(config, overrides, "cpu", batch, transitions)
     trainer = Trainer(cfg, SPEC, torch.device("cpu"), static=True)
-    T, E = 64, cfg.env.envs_per_collector
+    generator, E = torch.Generator().manual_seed(0), cfg.env.envs_per_collector
     for collector in range(cfg.num_collectors):
-        trainer.replay.extend(collector * E, Chunk(
-            collector, 0, 0, torch.randint(0, 255, (T, E, 84, 84), dtype=torch.uint8), torch.randint(0, 6, (T, E)),
-            torch.randn(T, E), torch.rand(T, E) < 0.01, torch.zeros(T, E, dtype=torch.bool),
-            torch.zeros(0, dtype=torch.float64), torch.zeros(0, dtype=torch.int64), torch.randn(T, E),
-            torch.randn(T, E)))
+        trainer.replay.extend(collector * E, random_chunk(collector, 0, E, generator))
     trainer.step(cfg.train.learning_starts)
     meta_device.on_meta(trainer)
     counted = meta_device.Operators()
