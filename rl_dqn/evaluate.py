@@ -136,7 +136,10 @@ class Evaluator:
         self.busy = False
 
     def submit(self, state: dict[str, torch.Tensor], env_steps: int, elapsed_s: float, version: int) -> None:
-        """Starts a round with `state` (a state_dict on the CPU)."""
+        """Starts a round with `state` (a state_dict on the CPU), moved into shared memory here: the queue's feeder
+        thread would otherwise move each tensor's storage there later, behind the back of a caller reading it."""
+        for tensor in state.values():
+            tensor.share_memory_()
         self._requests.put((state, env_steps, elapsed_s, version))
         self.busy = True
 

@@ -348,11 +348,14 @@ def test_the_best_evaluated_network_is_kept_with_its_score(tmp_path):
                 learner.step()                     # new weights for each round
             learner._evaluate()                    # a real evaluator process plays CartPole with them
             played.append({k: v.clone() for k, v in learner.eval_state.items()})
+            where = {k: v.data_ptr() for k, v in learner.eval_state.items()}
             deadline = time.monotonic() + 60
             while learner.evaluator.busy and time.monotonic() < deadline:
                 learner._evaluate()
                 time.sleep(0.05)
             assert not learner.evaluator.busy, "no evaluation result in 60 s"
+            # Sending them moved nothing under the learner (no thread swapped their storage for shared memory).
+            assert {k: v.data_ptr() for k, v in learner.eval_state.items()} == where
             scores.append(learner.report.last_eval[0])
             # best.pt: the weights that round played when it beat every earlier round, with its score.
             best = torch.load(tmp_path / "checkpoints/best.pt", weights_only=True)
