@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -298,7 +299,6 @@ def test_the_learner_benchmark_counts_the_captured_updates_operators_by_part():
     """benchmarks/learner.py --operators: per setup and batch, the kernels of the captured update on the meta device,
     each part of the update counted (the parts add up to the whole; the bfloat16 setups, which autocast cannot run
     there, are left out)."""
-    import subprocess
     out = subprocess.run([sys.executable, "benchmarks/learner.py", "--operators", "--only", "NIPS, PER, 10-step",
                           "--batches", "32,64", "--replay", "20000"], cwd=ROOT, capture_output=True, text=True,
                          timeout=300)
