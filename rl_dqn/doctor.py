@@ -28,6 +28,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -255,30 +256,66 @@ def node_steps(config: str, overrides: list[str], name: str) -> list[Step]:
 def run_steps(steps: list[Step], logs: Path, after_each=lambda outcomes: None) -> list[Outcome]:
     """Runs `steps` in order, each writing its output to logs/<n>-<name>.log as it goes (a check cut off by a time
     limit leaves what it printed); `after_each(outcomes so far)` is called after each, so a cut-off run keeps its
-    report."""
+    report. An interrupt (KeyboardInterrupt) stops the step that runs, which is reported as interrupted, and is
+    raised again."""
     outcomes = []
     for n, step in enumerate(steps, 1):
         print(f"doctor --gpu: {step.name}: {' '.join(step.argv[1:])}", flush=True)
         log = logs / f"{n}-{step.name.replace(' ', '-')}.log"
         started = time.monotonic()
+        interrupted = False
         with open(log, "w") as out:
-            process = subprocess.Popen(step.argv, cwd=ROOT, env=dict(os.environ, **step.env), stdout=out,
-                                       stderr=subprocess.STDOUT)
             try:
-                code = process.wait(timeout=step.timeout_s)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-                code = None
+                code = _run_step(step, out)
+            except KeyboardInterrupt:
+                code, interrupted = None, True
         output = log.read_text(errors="replace")
-        error = (f"did not finish within {step.timeout_s:g} s" if code is None else
-                 "" if code == 0 else f"exit code {code}: {_last_error(output)}")
+        error = ("interrupted" if interrupted else f"did not finish within {step.timeout_s:g} s" if code is None
+                 else "" if code == 0 else f"exit code {code}: {_last_error(output)}")
         outcome = Outcome(step, error == "", time.monotonic() - started, output, error)
         print(f"doctor --gpu: {step.name}: {'passed' if outcome.passed else 'FAILED: ' + error} "
               f"({outcome.seconds:.0f} s)", flush=True)
         outcomes.append(outcome)
         after_each(outcomes)
+        if interrupted:
+            raise KeyboardInterrupt
     return outcomes
+
+
+STOP_GRACE_S = 10.0   # a step stopped before its end: from its SIGINT to the SIGKILL of what is left of it
+
+
+def _run_step(step: Step, out) -> int | None:
+    """Runs `step` in a session of its own and returns its exit code, or None when it was stopped at its time
+    limit. A step stopped at its limit, or as the doctor is interrupted, is stopped as a whole, as Ctrl-C stops
+    a command in a terminal: SIGINT to its process group (a benchmark stops the run it started, whose launcher is
+    in that group and stops its roles), then SIGKILL to what is left of the group after STOP_GRACE_S. A benchmark
+    killed alone would leave its run's learner and collectors holding the GPU and the cores through the steps
+    after it. The steps launch their runs with this interpreter (RL_DQN_PYTHON) unless told otherwise: one
+    without it would set up .venv from requirements.txt, which a node without the network cannot."""
+    env = {"RL_DQN_PYTHON": sys.executable, **os.environ, **step.env}
+    process = subprocess.Popen(step.argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    try:
+        return process.wait(timeout=step.timeout_s)
+    except subprocess.TimeoutExpired:
+        _stop_group(process)
+        return None
+    except BaseException:
+        _stop_group(process)
+        raise
+
+
+def _stop_group(process: subprocess.Popen) -> None:
+    for signum, wait_s in ((signal.SIGINT, STOP_GRACE_S), (signal.SIGKILL, None)):
+        try:
+            os.killpg(process.pid, signum)
+        except ProcessLookupError:   # every process of the group has ended
+            pass
+        try:
+            process.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def _last_error(output: str) -> str:
@@ -332,8 +369,23 @@ def acceptance_run(config: str, overrides: list[str], runs_dir: Path, steps: lis
     header += [f"recommended: {a}" for a in found.recommendations] + [f"problem: {p}" for p in found.problems]
     if steps is None:
         steps = (node_steps if quick else gpu_steps)(config, overrides, name)
-    outcomes = run_steps(steps, folder,
-                         after_each=lambda so_far: (folder / "report.md").write_text(report(header, so_far)))
+    signals = []
+
+    def interrupt(signum, _frame):
+        signals.append(signum)
+        raise KeyboardInterrupt
+
+    # SIGTERM (e.g. from `timeout`) stops the step that runs as Ctrl-C does: each step has a session of its own,
+    # which a signal to the doctor's process group does not reach.
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        outcomes = run_steps(steps, folder,
+                             after_each=lambda so_far: (folder / "report.md").write_text(report(header, so_far)))
+    except KeyboardInterrupt:
+        print(f"doctor --gpu: interrupted; report so far: {folder / 'report.md'}", file=sys.stderr)
+        return 128 + (signals[0] if signals else signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     failed = [o.step.name for o in outcomes if not o.passed]
     print(f"doctor --gpu: {len(outcomes) - len(failed)} of {len(outcomes)} checks passed"
           + (f" (failed: {', '.join(failed)})" if failed else "") + f"; report: {folder / 'report.md'}")

@@ -4,8 +4,10 @@ problem when it cannot; the GPU acceptance run's report, from checks that run he
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -110,6 +112,84 @@ def test_tensorpipes_verbose_log_does_not_push_a_checks_figures_out_of_the_repor
     assert acceptance_run("configs/pong_cpu.yaml", [], tmp_path, steps) == 0
     (report,) = tmp_path.glob("doctor-*/report.md")
     assert "ingest: cuda 1,763 MB/s" in report.read_text()
+
+
+# A step that starts a process which ignores SIGINT and says its pid in a file, then sleeps: what a benchmark and the
+# run it launched are to the doctor, the run's launcher left in the benchmark's process group.
+STARTS_A_RUN = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import os, signal, sys, time; "
+                "signal.signal(signal.SIGINT, signal.SIG_IGN); open(sys.argv[1], \"w\").write(str(os.getpid())); "
+                "time.sleep(120)', sys.argv[1]]); time.sleep(120)")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")   # a zombie has ended; its reaper may be slow to collect it
+
+
+def _pid_in(path: Path, within_s: float = 30.0) -> int:
+    deadline = time.monotonic() + within_s
+    while not (path.is_file() and path.read_text()):
+        assert time.monotonic() < deadline, f"{path} was not written"
+        time.sleep(0.05)
+    return int(path.read_text())
+
+
+def _gone(pid: int, within_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not _alive(pid)
+
+
+def test_a_step_past_its_limit_is_stopped_with_the_processes_it_started(tmp_path, monkeypatch):
+    """A benchmark stopped at its limit takes its run down with it: not only the benchmark is killed, but its whole
+    process group, SIGKILL following SIGINT for what ignored it."""
+    monkeypatch.setattr("rl_dqn.doctor.STOP_GRACE_S", 1.0)
+    pid_file = tmp_path / "run.pid"
+    steps = [Step("a benchmark that overruns", [sys.executable, "-c", STARTS_A_RUN, str(pid_file)], 5)]
+    assert acceptance_run("configs/pong_cpu.yaml", [], tmp_path / "runs", steps) == 1
+    assert _gone(_pid_in(pid_file))
+    (report,) = (tmp_path / "runs").glob("doctor-*/report.md")
+    assert "| a benchmark that overruns | FAILED: did not finish within 5 s |" in report.read_text()
+
+
+@pytest.mark.parametrize("given", [None, "/opt/node/bin/python3"])
+def test_the_steps_launch_their_runs_with_the_doctors_interpreter_unless_told_otherwise(tmp_path, monkeypatch,
+                                                                                        given):
+    if given is None:
+        monkeypatch.delenv("RL_DQN_PYTHON", raising=False)
+    else:
+        monkeypatch.setenv("RL_DQN_PYTHON", given)
+    steps = [Step("says", [sys.executable, "-c", "import os; print('python:', os.environ['RL_DQN_PYTHON'])"], 60)]
+    assert acceptance_run("configs/pong_cpu.yaml", [], tmp_path, steps) == 0
+    (log,) = tmp_path.glob("doctor-*/1-says.log")
+    assert log.read_text() == f"python: {given or sys.executable}\n"
+
+
+def test_a_doctor_sent_sigterm_stops_the_step_that_runs_and_keeps_its_report(tmp_path):
+    """`timeout` signals the doctor's process group, which the steps' own sessions are outside: the doctor stops the
+    step itself, with the processes it started, reports it as interrupted and exits 143."""
+    pid_file = tmp_path / "run.pid"
+    doctor_run = ("import sys; from pathlib import Path; import rl_dqn.doctor as doctor; doctor.STOP_GRACE_S = 1.0; "
+                  "steps = [doctor.Step('first', [sys.executable, '-c', 'print(1)'], 60), "
+                  f"doctor.Step('long', [sys.executable, '-c', {STARTS_A_RUN!r}, {str(pid_file)!r}], 120)]; "
+                  f"sys.exit(doctor.acceptance_run('configs/pong_cpu.yaml', [], Path({str(tmp_path)!r}), steps))")
+    process = subprocess.Popen([sys.executable, "-c", doctor_run], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        run = _pid_in(pid_file, within_s=60)
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == 128 + signal.SIGTERM, err
+    assert err.startswith("doctor --gpu: interrupted; report so far: ") and err.count("\n") == 1
+    assert _gone(run)
+    (report,) = tmp_path.glob("doctor-*/report.md")
+    assert "| first | passed |" in report.read_text() and "| long | FAILED: interrupted |" in report.read_text()
 
 
 def test_the_quick_node_run_fits_its_9_minutes_and_runs_scripts_that_exist(doctor_here):
