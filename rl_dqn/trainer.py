@@ -103,6 +103,7 @@ class Trainer:
         self._beta = torch.zeros((), dtype=torch.float64, device=device)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, Update]] = {}   # by the n of the n-step returns
         self._capture_stream: torch.cuda.Stream | None = None   # see _capture()
+        self._failed_graphs: list[torch.cuda.CUDAGraph] = []   # see _capture()
         self._lr_set: float | None = t.lr   # the learning rate Adam holds on the device
         self.capture_error: str | None = None   # why the update could not be captured, where it could not
 
@@ -300,6 +301,10 @@ class Trainer:
                     update = self._graph_body(n_step)
             except RuntimeError:
                 _end_allocation_to(pool, self.device)
+                # Kept for the process's life: the capture's start gave the pinned-memory allocator a filter that
+                # refers to the graph by its address, and a capture whose end raised leaves that filter in place
+                # (torch's CUDAGraph.cpp), so the graph freed would leave the allocator a dangling pointer.
+                self._failed_graphs.append(graph)
                 raise
         return graph, update
 
