@@ -157,54 +157,49 @@ def main() -> int:
     prefix = args.prefix or f"scaling-{time.strftime('%Y%m%d-%H%M%S')}"
     # Each combination is checked as its launch checks it: a refused one is a line in the output, easily missed.
     config = ROOT / args.config if (ROOT / args.config).is_file() else Path(args.config)   # as launch finds it
-    for transport in args.transports:
-        for ratio in args.ratios:
-            for count in args.collectors:
-                name = f"{prefix}-{transport}-c{count}-r{ratio:g}"
-                try:
-                    load_config(config, [f"run.name={name}", *SETTINGS,
-                                         f"collectors.count={count}", f"train.replay_ratio={ratio:g}",
-                                         f"transport.kind={transport}", *args.overrides])
-                except ConfigError as e:
-                    parser.error(arguments.config_error(e, args.config, args.overrides, "override"))
-                # A combination found taken midway would end the benchmark there, with what ran before it lost.
-                if (runs_dir() / name).exists():
-                    parser.exit(2, f"{parser.prog}: error: {runs_dir() / name} already holds a run; choose another "
-                                   f"--prefix\n")
+    combinations = [(transport, ratio, count) for transport in args.transports for ratio in args.ratios
+                    for count in args.collectors]
+    for transport, ratio, count in combinations:
+        name = f"{prefix}-{transport}-c{count}-r{ratio:g}"
+        try:
+            load_config(config, [f"run.name={name}", *SETTINGS, f"collectors.count={count}",
+                                 f"train.replay_ratio={ratio:g}", f"transport.kind={transport}", *args.overrides])
+        except ConfigError as e:
+            parser.error(arguments.config_error(e, args.config, args.overrides, "override"))
+        # A combination found taken midway would end the benchmark there, with what ran before it lost.
+        if (runs_dir() / name).exists():
+            parser.exit(2, f"{parser.prog}: error: {runs_dir() / name} already holds a run; choose another --prefix\n")
     runs_dir().mkdir(parents=True, exist_ok=True)
     rows = []
     header = (f"{'transport':>9} {'collectors':>10} {'ratio':>5} {'env steps/s':>11} {'updates/s':>9} "
               f"{'training':>8} {'learner CPU':>11} {'collector CPU':>13} {'collectors CPU':>14} {'node CPU':>8} "
               f"{'GPU util':>8}")
-    combinations = [(transport, ratio, count) for transport in args.transports for ratio in args.ratios
-                    for count in args.collectors]
     # Also where this was started in the background of a script, which inherits SIGINT ignored.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupt)
     interrupted = False
-    for transport, ratio, count in combinations:
-        name = f"{prefix}-{transport}-c{count}-r{ratio:g}"
-        settings = [*SETTINGS, f"collectors.count={count}", f"train.replay_ratio={ratio:g}",
-                    f"transport.kind={transport}", *args.overrides]
-        try:
+    try:
+        for transport, ratio, count in combinations:
+            name = f"{prefix}-{transport}-c{count}-r{ratio:g}"
+            settings = [*SETTINGS, f"collectors.count={count}", f"train.replay_ratio={ratio:g}",
+                        f"transport.kind={transport}", *args.overrides]
             code, problem = run_one(args.config, name, settings, args.seconds, ratio > 0, runs_dir() / f"{name}.log")
-        except KeyboardInterrupt:   # run_one has stopped the run
-            print(f"  {name}: interrupted; it is left out, and no further run starts", flush=True)
-            interrupted = True
-            break
-        if problem is not None or not (runs_dir() / name / "summary.json").exists():
-            why = problem or f"exited with code {code} and wrote no summary"
-            print(f"  {name}: {why}; its output: {runs_dir() / f'{name}.log'}", flush=True)
-            continue
-        f = figures(runs_dir() / name, ratio > 0)
-        row = (f"{transport:>9} {count:>10} {ratio:>5g} {_cell(f['env_steps_per_s'], ',.0f'):>11} "
-               f"{_cell(f['updates_per_s'], ',.1f'):>9} "
-               f"{_cell(None if f['training_share'] is None else 100 * f['training_share'], '.0f'):>7}% "
-               f"{_cell(f['learner_cpu'], '.0f'):>10}% {_cell(f['collector_cpu_mean'], '.0f'):>12}% "
-               f"{_cell(f['collector_cpu_sum'], ',.0f'):>13}% {_cell(f['node_cpu'], '.0f'):>7}% "
-               f"{_cell(f['gpu_util'], '.0f'):>7}%")
-        rows.append(row)
-        print(f"  {header.strip()}\n  {row.strip()}", flush=True)
+            if problem is not None or not (runs_dir() / name / "summary.json").exists():
+                why = problem or f"exited with code {code} and wrote no summary"
+                print(f"  {name}: {why}; its output: {runs_dir() / f'{name}.log'}", flush=True)
+                continue
+            f = figures(runs_dir() / name, ratio > 0)
+            row = (f"{transport:>9} {count:>10} {ratio:>5g} {_cell(f['env_steps_per_s'], ',.0f'):>11} "
+                   f"{_cell(f['updates_per_s'], ',.1f'):>9} "
+                   f"{_cell(None if f['training_share'] is None else 100 * f['training_share'], '.0f'):>7}% "
+                   f"{_cell(f['learner_cpu'], '.0f'):>10}% {_cell(f['collector_cpu_mean'], '.0f'):>12}% "
+                   f"{_cell(f['collector_cpu_sum'], ',.0f'):>13}% {_cell(f['node_cpu'], '.0f'):>7}% "
+                   f"{_cell(f['gpu_util'], '.0f'):>7}%")
+            rows.append(row)
+            print(f"  {header.strip()}\n  {row.strip()}", flush=True)
+    except KeyboardInterrupt:   # run_one has stopped its run
+        print(f"  {name}: interrupted; it is left out, and no further run starts", flush=True)
+        interrupted = True
     print()
     print(f"rl_dqn pipeline on {os.cpu_count()} CPU cores: {' '.join([args.config, *args.overrides])}, "
           f"{args.seconds:g} s per run from its first update (ratio 0: its first data)")
