@@ -177,7 +177,7 @@ def main() -> int:
     # Also where this was started in the background of a script, which inherits SIGINT ignored.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupt)
-    interrupted = False
+    interrupted, name = False, prefix
     try:
         for transport, ratio, count in combinations:
             name = f"{prefix}-{transport}-c{count}-r{ratio:g}"
@@ -197,7 +197,7 @@ def main() -> int:
                    f"{_cell(f['gpu_util'], '.0f'):>7}%")
             rows.append(row)
             print(f"  {header.strip()}\n  {row.strip()}", flush=True)
-    except KeyboardInterrupt:   # run_one has stopped its run
+    except KeyboardInterrupt:   # run_one stops its run on the way out
         print(f"  {name}: interrupted; it is left out, and no further run starts", flush=True)
         interrupted = True
     print()

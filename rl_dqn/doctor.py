@@ -2,7 +2,7 @@
 
     ./launch/doctor.sh [CONFIG] [section.key=value ...]          (python -m rl_dqn.doctor ...)
     ./launch/doctor.sh --gpu [CONFIG]                             the GPU acceptance run (docs/gpu.md)
-    ./launch/doctor.sh --gpu --quick [CONFIG]                     a GPU node's figures, at most 9 minutes
+    ./launch/doctor.sh --gpu --quick [CONFIG]                     a GPU node's figures, in about 9 minutes
 
 Prints the versions, the CPU's cores and the instruction sets that decide network.precision, the GPUs, the TensorPipe
 transports and channels this torch build has, what each role of the config would run on (device, precision,
@@ -17,8 +17,8 @@ machine without a GPU it says so and exits 2.
 `--gpu --quick` measures what a GPU node is worth to a run, for a node config (default configs/pong_gpu.yaml): the
 `cuda` tests of the update, the learner's updates/s eager and as a captured CUDA graph, one learning run of the
 config to Pong's 18, and how the pipeline scales with collectors over the CPU and the CUDA transport and with the
-collectors acting on the CPU. Each step has a time limit, so the whole run ends within 9 minutes, and its report is
-written after each step.
+collectors acting on the CPU. Each step has a time limit, the limits adding up to 9 minutes (a step stopped at its
+limit has STOP_GRACE_S more to stop), and the report is written after each step.
 """
 
 from __future__ import annotations
@@ -227,8 +227,8 @@ def gpu_steps(config: str, overrides: list[str], name: str) -> list[Step]:
 
 
 def node_steps(config: str, overrides: list[str], name: str) -> list[Step]:
-    """What --gpu --quick runs, in order, each within its time limit (at most 9 minutes in all): the node's headline
-    figures first, so that a run cut short keeps them."""
+    """What --gpu --quick runs, in order, each within its time limit (9 minutes in all): the node's headline figures
+    first, so that a run cut short keeps them."""
     python = sys.executable
     return [
         Step("cuda tests of the update", [python, "-m", "pytest", "-q", "-m", "cuda", "tests/test_trainer.py",
@@ -287,35 +287,74 @@ STOP_GRACE_S = 10.0   # a step stopped before its end: from its SIGINT to the SI
 
 def _run_step(step: Step, out) -> int | None:
     """Runs `step` in a session of its own and returns its exit code, or None when it was stopped at its time
-    limit. A step stopped at its limit, or as the doctor is interrupted, is stopped as a whole, as Ctrl-C stops
-    a command in a terminal: SIGINT to its process group (a benchmark stops the run it started, whose launcher is
-    in that group and stops its roles), then SIGKILL to what is left of the group after STOP_GRACE_S. A benchmark
-    killed alone would leave its run's learner and collectors holding the GPU and the cores through the steps
-    after it. The steps launch their runs with this interpreter (RL_DQN_PYTHON) unless told otherwise: one
-    without it would set up .venv from requirements.txt, which a node without the network cannot."""
+    limit. A step stopped at its limit, or as the doctor is interrupted, is stopped with every process it started
+    (_stop()): a benchmark killed alone would leave its run's learner and collectors holding the GPU and the cores
+    through the steps after it. The steps launch their runs with this interpreter (RL_DQN_PYTHON) unless told
+    otherwise: one without it would set up .venv from requirements.txt, which a node without the network cannot."""
     env = {"RL_DQN_PYTHON": sys.executable, **os.environ, **step.env}
     process = subprocess.Popen(step.argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                                start_new_session=True)
     try:
         return process.wait(timeout=step.timeout_s)
     except subprocess.TimeoutExpired:
-        _stop_group(process)
+        _stop(process)
         return None
     except BaseException:
-        _stop_group(process)
+        _stop(process)
         raise
 
 
-def _stop_group(process: subprocess.Popen) -> None:
-    for signum, wait_s in ((signal.SIGINT, STOP_GRACE_S), (signal.SIGKILL, None)):
+def _stop(process: subprocess.Popen) -> None:
+    """Stops a step as Ctrl-C stops a command in a terminal, with SIGINT to its process group: a benchmark stops the
+    run it started, whose launcher, in that group, stops the run's roles (each in a session of its own). Whatever
+    of the step's process tree still runs STOP_GRACE_S later, or at a second interrupt, is killed."""
+    tree = _tree([process.pid])
+    try:
+        os.killpg(process.pid, signal.SIGINT)
+    except ProcessLookupError:   # the step has just ended
+        pass
+    try:
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline and (process.poll() is None or any(map(_running, tree))):
+            time.sleep(0.1)
+    finally:
+        running = [found for found in tree if _running(found)]
+        for pid, _ in _tree([pid for pid, _ in running]) + running:   # with any child started since
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        process.wait()
+
+
+def _tree(roots: list[int]) -> list[tuple[int, str]]:
+    """The processes `roots` and all their descendants, read from /proc, each as (pid, start time): the start time
+    tells a process from a later one given the same pid."""
+    children, started = {}, {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            os.killpg(process.pid, signum)
-        except ProcessLookupError:   # every process of the group has ended
-            pass
-        try:
-            process.wait(timeout=wait_s)
-        except subprocess.TimeoutExpired:
-            pass
+            fields = stat.read_text().rsplit(")", 1)[1].split()   # from the state on: ppid is the 2nd, start the 20th
+        except OSError:   # it ended meanwhile
+            continue
+        pid = int(stat.parent.name)
+        children.setdefault(int(fields[1]), []).append(pid)
+        started[pid] = fields[19]
+    found, todo = [], [pid for pid in roots if pid in started]
+    while todo:
+        pid = todo.pop()
+        found.append((pid, started[pid]))
+        todo += children.get(pid, [])
+    return found
+
+
+def _running(process: tuple[int, str]) -> bool:
+    """Whether (pid, start time) from _tree() still runs: not ended, nor ended and waiting to be reaped."""
+    pid, started = process
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[19] == started and fields[0] not in ("Z", "X")
 
 
 def _last_error(output: str) -> str:
@@ -400,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     parser.add_argument("--gpu", action="store_true", help="the GPU acceptance run (several minutes)")
     parser.add_argument("--quick", action="store_true", help="with --gpu: a GPU node's figures for a node config "
-                                                             "(at most 9 minutes)")
+                                                             "(about 9 minutes)")
     args = parser.parse_args(argv)
     if args.quick and not args.gpu:
         parser.error("--quick goes with --gpu")

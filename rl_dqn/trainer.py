@@ -44,6 +44,13 @@ def _described(error: Exception) -> str:
     return f"{type(error).__name__}: {message}{where}"
 
 
+# Failed captures' graphs, kept for the process's life: a capture's start gives the pinned-memory allocator a filter
+# that refers to its graph by address, which a capture whose end raised leaves in place (capture_begin and
+# capture_end in https://github.com/pytorch/pytorch/blob/main/aten/src/ATen/cuda/CUDAGraph.cpp), so the graph freed
+# would leave the allocator a dangling pointer.
+_FAILED_GRAPHS: list[torch.cuda.CUDAGraph] = []
+
+
 def _end_allocation_to(pool, device: torch.device) -> None:
     """After a capture that failed, the caching allocator stops giving the device's memory out of the graph's pool.
     A torch whose capture_end raises before it ends that itself leaves the allocator believing a capture is under
@@ -103,7 +110,6 @@ class Trainer:
         self._beta = torch.zeros((), dtype=torch.float64, device=device)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, Update]] = {}   # by the n of the n-step returns
         self._capture_stream: torch.cuda.Stream | None = None   # see _capture()
-        self._failed_graphs: list[torch.cuda.CUDAGraph] = []   # see _capture()
         self._lr_set: float | None = t.lr   # the learning rate Adam holds on the device
         self.capture_error: str | None = None   # why the update could not be captured, where it could not
 
@@ -301,10 +307,7 @@ class Trainer:
                     update = self._graph_body(n_step)
             except RuntimeError:
                 _end_allocation_to(pool, self.device)
-                # Kept for the process's life: the capture's start gave the pinned-memory allocator a filter that
-                # refers to the graph by its address, and a capture whose end raised leaves that filter in place
-                # (torch's CUDAGraph.cpp), so the graph freed would leave the allocator a dangling pointer.
-                self._failed_graphs.append(graph)
+                _FAILED_GRAPHS.append(graph)
                 raise
         return graph, update
 

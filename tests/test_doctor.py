@@ -114,11 +114,11 @@ def test_tensorpipes_verbose_log_does_not_push_a_checks_figures_out_of_the_repor
     assert "ingest: cuda 1,763 MB/s" in report.read_text()
 
 
-# A step that starts a process which ignores SIGINT and says its pid in a file, then sleeps: what a benchmark and the
-# run it launched are to the doctor, the run's launcher left in the benchmark's process group.
+# A step that starts a process which leaves for a session of its own, ignores SIGINT and says its pid in a file,
+# then sleeps: what a benchmark and its run are to the doctor (the run's roles run in sessions of their own).
 STARTS_A_RUN = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import os, signal, sys, time; "
-                "signal.signal(signal.SIGINT, signal.SIG_IGN); open(sys.argv[1], \"w\").write(str(os.getpid())); "
-                "time.sleep(120)', sys.argv[1]]); time.sleep(120)")
+                "os.setsid(); signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                "open(sys.argv[1], \"w\").write(str(os.getpid())); time.sleep(120)', sys.argv[1]]); time.sleep(120)")
 
 
 def _alive(pid: int) -> bool:
@@ -144,14 +144,27 @@ def _gone(pid: int, within_s: float = 10.0) -> bool:
     return not _alive(pid)
 
 
+def _kill(pid_file: Path) -> None:
+    """Where a test failed, the process it started is not left behind."""
+    if pid_file.is_file() and pid_file.read_text():
+        try:
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.slow
 def test_a_step_past_its_limit_is_stopped_with_the_processes_it_started(tmp_path, monkeypatch):
-    """A benchmark stopped at its limit takes its run down with it: not only the benchmark is killed, but its whole
-    process group, SIGKILL following SIGINT for what ignored it."""
+    """A benchmark stopped at its limit takes its run down with it: SIGINT to the step's process group, then SIGKILL
+    to what is left of its process tree, a process in a session of its own that ignored SIGINT included."""
     monkeypatch.setattr("rl_dqn.doctor.STOP_GRACE_S", 1.0)
     pid_file = tmp_path / "run.pid"
     steps = [Step("a benchmark that overruns", [sys.executable, "-c", STARTS_A_RUN, str(pid_file)], 5)]
-    assert acceptance_run("configs/pong_cpu.yaml", [], tmp_path / "runs", steps) == 1
-    assert _gone(_pid_in(pid_file))
+    try:
+        assert acceptance_run("configs/pong_cpu.yaml", [], tmp_path / "runs", steps) == 1
+        assert _gone(_pid_in(pid_file))
+    finally:
+        _kill(pid_file)
     (report,) = (tmp_path / "runs").glob("doctor-*/report.md")
     assert "| a benchmark that overruns | FAILED: did not finish within 5 s |" in report.read_text()
 
@@ -169,25 +182,33 @@ def test_the_steps_launch_their_runs_with_the_doctors_interpreter_unless_told_ot
     assert log.read_text() == f"python: {given or sys.executable}\n"
 
 
+@pytest.mark.slow
 def test_a_doctor_sent_sigterm_stops_the_step_that_runs_and_keeps_its_report(tmp_path):
     """`timeout` signals the doctor's process group, which the steps' own sessions are outside: the doctor stops the
-    step itself, with the processes it started, reports it as interrupted and exits 143."""
+    step itself, reports it as interrupted and exits 143. A second signal kills what is left of the step at once
+    instead of waiting out STOP_GRACE_S (here a minute)."""
     pid_file = tmp_path / "run.pid"
-    doctor_run = ("import sys; from pathlib import Path; import rl_dqn.doctor as doctor; doctor.STOP_GRACE_S = 1.0; "
+    doctor_run = ("import sys; from pathlib import Path; import rl_dqn.doctor as doctor; doctor.STOP_GRACE_S = 60.0; "
                   "steps = [doctor.Step('first', [sys.executable, '-c', 'print(1)'], 60), "
                   f"doctor.Step('long', [sys.executable, '-c', {STARTS_A_RUN!r}, {str(pid_file)!r}], 120)]; "
                   f"sys.exit(doctor.acceptance_run('configs/pong_cpu.yaml', [], Path({str(tmp_path)!r}), steps))")
     process = subprocess.Popen([sys.executable, "-c", doctor_run], cwd=ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         run = _pid_in(pid_file, within_s=60)
         process.send_signal(signal.SIGTERM)
+        time.sleep(1)
+        signalled = time.monotonic()
+        process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=30)
+        assert time.monotonic() - signalled < 15, "the second signal did not cut the stop short"
+        assert process.returncode == 128 + signal.SIGTERM, err
+        assert err.startswith("doctor --gpu: interrupted; report so far: ") and err.count("\n") == 1
+        assert _gone(run)
     finally:
-        process.kill()
-    assert process.returncode == 128 + signal.SIGTERM, err
-    assert err.startswith("doctor --gpu: interrupted; report so far: ") and err.count("\n") == 1
-    assert _gone(run)
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        _kill(pid_file)
     (report,) = tmp_path.glob("doctor-*/report.md")
     assert "| first | passed |" in report.read_text() and "| long | FAILED: interrupted |" in report.read_text()
 

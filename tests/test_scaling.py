@@ -11,6 +11,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow   # each test launches runs
+
 ROOT = Path(__file__).resolve().parents[1]
 # The smoke run trains from 500 env steps (scaling.py's own 5,000 would outlast its 4,000) and does not end by itself.
 BENCHMARK = [sys.executable, "benchmarks/scaling.py", "configs/smoke.yaml", "--collectors", "1", "--seconds", "3",
@@ -45,27 +49,30 @@ def test_the_table_has_a_row_per_run_with_its_rates_and_cpu(tmp_path):
 def test_an_interrupted_benchmark_stops_its_run_and_prints_the_rows_that_finished(tmp_path):
     """Ctrl-C reaches the benchmark and its run's launcher (one process group): the run that was going is stopped
     and left out, no further run starts, and the table of the finished runs ends the output, exit code 130."""
-    process = subprocess.Popen([*BENCHMARK, "--ratios", "0,2,0.5", "--prefix", "i"], cwd=ROOT, env=_env(tmp_path),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    prefix = tmp_path.name   # the test's own: its run is looked for among the machine's processes
+    process = subprocess.Popen([*BENCHMARK, "--ratios", "0,2,0.5", "--prefix", prefix], cwd=ROOT,
+                               env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
     out = []
     try:
         for line in process.stdout:
             out.append(line)
-            if line.startswith("$ ") and "run.name=i-cpu-c1-r2 " in line:   # the first run is measured
+            if line.startswith("$ ") and f"run.name={prefix}-cpu-c1-r2 " in line:   # the first run is measured
                 time.sleep(2)
                 os.killpg(process.pid, signal.SIGINT)
                 break
         rest, err = process.communicate(timeout=120)
     finally:
-        process.kill()
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
     out = "".join(out) + rest
     assert process.returncode == 130, out[-3000:] + err[-3000:]
-    assert "i-cpu-c1-r2: interrupted; it is left out, and no further run starts" in out, out
+    assert f"{prefix}-cpu-c1-r2: interrupted; it is left out, and no further run starts" in out, out
     assert "Traceback" not in out + err, out + err
     rows = _table(out)
     assert all(rows) and [row[1] for row in rows] == ["0"], out
-    assert not (tmp_path / "i-cpu-c1-r0.5").exists()
+    assert not (tmp_path / f"{prefix}-cpu-c1-r0.5").exists()
     deadline = time.monotonic() + 30   # the run's roles, in sessions of their own, stop within their grace
-    while subprocess.run(["pgrep", "-f", "run.name=i-cpu-c1-r2"], capture_output=True).returncode == 0:
+    while subprocess.run(["pgrep", "-f", f"run.name={prefix}-cpu-c1-r2"], capture_output=True).returncode == 0:
         assert time.monotonic() < deadline, "the interrupted run's processes are still running"
         time.sleep(0.2)
