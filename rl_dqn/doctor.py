@@ -318,8 +318,7 @@ def _stop(process: subprocess.Popen) -> None:
         while time.monotonic() < deadline and (process.poll() is None or any(map(_running, tree))):
             time.sleep(0.1)
     finally:
-        running = [found for found in tree if _running(found)]
-        for pid, _ in _tree([pid for pid, _ in running]) + running:   # with any child started since
+        for pid, _ in _tree([found[0] for found in tree if _running(found)]):   # with any child started since
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
