@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 
 # A collector's machine-readable progress line starts with its role and this mark; a node's launcher sums them,
 # and sets PROGRESS_ENV=1 for the processes it starts so that they write these lines.
@@ -96,12 +97,19 @@ def launched_at() -> float | None:
         return None
 
 
+def proc_stat(pid: int | str = "self") -> list[str]:
+    """/proc/<pid>/stat's fields from the state on (field 3), past the command name, which may hold spaces and
+    parentheses: [0] the state, [1] the parent's pid, [19] the start in clock ticks since boot. OSError where the
+    process is gone."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def process_started_at() -> float | None:
     """time.time() when this process started (Linux: /proc), or None where that cannot be read. Its age is the
     uptime less its start in clock ticks since boot, both to 10 ms (the boot time /proc/stat gives is in whole
     seconds, too coarse for a start-up line)."""
     try:
-        ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])   # field 22: starttime
+        ticks = int(proc_stat()[19])
         uptime = float(open("/proc/uptime").read().split()[0])
         return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError):

@@ -39,7 +39,7 @@ from typing import NamedTuple
 
 from rl_dqn.config import (TENSORPIPE_CPU_CHANNELS, TENSORPIPE_CUDA_CHANNELS, TENSORPIPE_TRANSPORTS, Config,
                            ConfigError, load_config)
-from rl_dqn.console import OneLineParser
+from rl_dqn.console import OneLineParser, proc_stat
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = "configs/pong_cpu.yaml"
@@ -330,12 +330,12 @@ def _tree(roots: list[int]) -> list[tuple[int, str]]:
     """The processes `roots` and all their descendants, read from /proc, each as (pid, start time): the start time
     tells a process from a later one given the same pid."""
     children, started = {}, {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for folder in Path("/proc").glob("[0-9]*"):
+        pid = int(folder.name)
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()   # from the state on: ppid is the 2nd, start the 20th
+            fields = proc_stat(pid)
         except OSError:   # it ended meanwhile
             continue
-        pid = int(stat.parent.name)
         children.setdefault(int(fields[1]), []).append(pid)
         started[pid] = fields[19]
     found, todo = [], [pid for pid in roots if pid in started]
@@ -350,7 +350,7 @@ def _running(process: tuple[int, str]) -> bool:
     """Whether (pid, start time) from _tree() still runs: not ended, nor ended and waiting to be reaped."""
     pid, started = process
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = proc_stat(pid)
     except OSError:
         return False
     return fields[19] == started and fields[0] not in ("Z", "X")

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rl_dqn.console import proc_stat
 from rl_dqn.doctor import Step, acceptance_run, main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,8 +124,8 @@ STARTS_A_RUN = ("import subprocess, sys, time; subprocess.Popen([sys.executable,
 
 def _alive(pid: int) -> bool:
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
+        state = proc_stat(pid)[0]
+    except OSError:
         return False
     return state not in ("Z", "X")   # a zombie has ended; its reaper may be slow to collect it
 
