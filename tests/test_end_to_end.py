@@ -216,7 +216,8 @@ def test_slurm_script_runs_a_two_node_job(runs, tmp_path):
         tool.chmod(0o755)
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_NODELIST="node[1-2]",
                SLURM_JOB_NUM_NODES="2", SLURM_JOB_ID="42", SLURM_SUBMIT_DIR=str(ROOT), COLLECTORS_PER_NODE="1",
-               INTERFACE="lo", TRANSPORT="cpu", MASTER_PORT=str(free_port()), RUN_NAME="slurm")
+               INTERFACE="lo", TRANSPORT="cpu", MASTER_PORT=str(free_port()), RUN_NAME="slurm",
+               DEVICE_MAP="1_0_0,2_0_0")
     console = Console(subprocess.Popen(["bash", str(ROOT / "launch" / "slurm.sbatch"), "configs/smoke.yaml", *LONG],
                                        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                        env=env))
@@ -224,6 +225,10 @@ def test_slurm_script_runs_a_two_node_job(runs, tmp_path):
     # collector has acted for metrics.interval_s and said so).
     console.wait_for_match(r"\[collectors \(ranks 2\.\.2\)\]: run env steps [\d,]+/10,000,000 \[[#-]{20}\] .* this "
                            r"node [\d,]+ steps/s \| collectors acting 1/1", timeout=180)
+    # DEVICE_MAP goes to the learner alone: a collector refuses a map that names other collectors.
+    roles = processes_of("slurm")
+    assert [line for line in roles if " rl_dqn learner " in line and "transport.device_map=1_0_0,2_0_0" in line], roles
+    assert not [line for line in roles if "device_map" in line and " rl_dqn learner " not in line], roles
     os.kill(pid_of_role("slurm", "learner"), signal.SIGTERM)
     assert console.finish(60) == 0, console.text[-3000:]
     summary = json.loads((runs / "slurm" / "summary.json").read_text())
