@@ -74,8 +74,8 @@ from rl_dqn.cli import check_env  # noqa: E402
 from rl_dqn.config import ConfigError, load_config  # noqa: E402
 from rl_dqn.console import LAUNCHED_AT_ENV, duration  # noqa: E402
 from rl_dqn.plot import EvalPoint, PlotError, first_reaching, load_events, read_evals, score_list, table  # noqa: E402
-from rl_dqn.results import (RESULTS, GameRun, ResultsError, games_text, record, return_at_epsilon,  # noqa: E402
-                            whole_games_mean)
+from rl_dqn.results import (RESULTS, GameRun, ResultsError, check_benchmark_name, games_text, record,  # noqa: E402
+                            return_at_epsilon, whole_games_mean)
 from rl_dqn.supervisor import EXIT_BAD_INPUT  # noqa: E402
 import whole_games  # noqa: E402  (benchmarks/whole_games.py, beside this script)
 
@@ -378,6 +378,16 @@ def main() -> int:
         parser.error(f"--seeds names a seed twice: {args.seeds}")
     if not (ROOT / args.config).is_file() and not Path(args.config).is_file():
         parser.error(f"no such config: {args.config}")
+    # Each run's name and seed are the benchmark's: an override of them would name every run alike, or label every
+    # seed's run with one seed, and the benchmark would read back folders no run wrote.
+    for override in args.overrides:
+        key = override.partition("=")[0]
+        if key == "run.name":
+            parser.error(f"override {override}: the benchmark names each run <prefix>-s<seed> (with --games, "
+                         f"<prefix>-<Game>-s<seed>); give --prefix instead")
+        if key == "run.seed":
+            parser.error(f"override {override}: the benchmark sets each run's run.seed from --seeds; give --seeds "
+                         f"instead")
     games = _games(parser, args)
     if args.scores is None:
         args.scores = [] if games else [0.0, 10.0, 18.0]
@@ -398,6 +408,11 @@ def main() -> int:
                 check_env(cfg)
         except ConfigError as e:
             parser.error(arguments.config_error(e, args.config, overrides, "override"))
+    if args.record:
+        try:
+            check_benchmark_name(args.record, args.results)
+        except ResultsError as e:
+            parser.error(f"--record: {e}")
     # A run there would be refused (exit code 2), and so resumed, and timed, as if it were this seed's.
     if args.record and not (args.results / args.record / "benchmark.yaml").is_file():
         parser.error(f"--record {args.record}: no such benchmark in {_shown(args.results)} (a folder with a "

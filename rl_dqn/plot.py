@@ -69,6 +69,11 @@ def read_evals(run_dir: Path, events=None) -> list[EvalPoint]:
     if not any(run_dir.glob("events.out.tfevents.*")):
         raise PlotError(f"{run_dir} holds no TensorBoard events (is it a run folder, runs/<name>?)")
     events = load_events(run_dir, events)
+    try:
+        events.FirstEventTimestamp()
+    except ValueError:   # TensorBoard skips what it cannot parse, and found not one event
+        raise PlotError(f"{run_dir}: its events.out.tfevents.* files hold no event TensorBoard can read (damaged, "
+                        f"or not written by a run)") from None
     tags = set(events.Tags()["scalars"])
     wanted = ("eval/episode_return", "eval/episode_return_std", "eval/time_from_launch_s")
     if not set(wanted) <= tags:
@@ -256,6 +261,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.out.suffix.lower() != ".png" or args.out.is_dir():
         parser.error(f"--out must name a .png file, got {str(args.out)!r}"
                      + (", a folder" if args.out.is_dir() else ""))
+    # Its folder is made where missing; one that is there as a file would fail only after the runs were read.
+    blocking = next((folder for folder in args.out.parents if folder.exists() and not folder.is_dir()), None)
+    if blocking is not None:
+        parser.error(f"--out {str(args.out)!r}: {str(blocking)!r} is a file, not a folder")
     try:
         runs = {label: read_evals(run) for label, run in zip(labels, args.runs)}
     except PlotError as e:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import csv
 import functools
 import json
+import math
 import re
 import shutil
 import sys
@@ -85,6 +86,7 @@ class GameRun(NamedTuple):
 def record(run_dir: Path, benchmark: str, results: Path = RESULTS) -> Path:
     """Copies what a finished run's result rests on into results/<benchmark>/<run name>/ and writes its evaluation
     curve as eval.csv; returns that folder."""
+    check_benchmark_name(benchmark, results)
     folder = results / benchmark
     if not (folder / "benchmark.yaml").is_file():
         known = ", ".join(sorted(p.parent.name for p in results.glob("*/benchmark.yaml"))) or "none yet"
@@ -128,6 +130,18 @@ def record(run_dir: Path, benchmark: str, results: Path = RESULTS) -> Path:
                              episodes.get(p.env_steps, whole)])
     partial.rename(target)
     return target
+
+
+def check_benchmark_name(benchmark: str, results: Path = RESULTS) -> None:
+    """Refuses a benchmark given as a path (`cartpole/`, `results/cartpole`): a benchmark is named by its folder in
+    results/, and a name with a path in it would not match that folder's."""
+    if Path(benchmark).name == benchmark and benchmark not in ("", ".", ".."):
+        return
+    meant = Path(benchmark).name
+    hint = (f"did you mean {meant}?" if (results / meant / "benchmark.yaml").is_file() and meant not in ("", "..")
+            else "a folder with a benchmark.yaml")
+    raise ResultsError(f"benchmark {benchmark!r} is not a benchmark's name: give the name of its folder in {results}, "
+                       f"with no path or slash ({hint})")
 
 
 def _config_named(command: str) -> str | None:
@@ -174,6 +188,13 @@ def benchmarks(results: Path = RESULTS) -> list[Benchmark]:
     for path in sorted(results.glob("*/benchmark.yaml")):
         try:
             data = yaml.safe_load(path.read_text())
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
+            raise ResultsError(f"{path} is not readable YAML: {_one_line(e)}") from None
+        missing = [key for key in BENCHMARK_KEYS if not isinstance(data, dict) or key not in data]
+        if missing:
+            raise ResultsError(f"{path} has no {', '.join(missing)} (a benchmark.yaml is a mapping that gives at "
+                               f"least {', '.join(BENCHMARK_KEYS)})")
+        try:
             found.append(Benchmark(path.parent.name, data["title"], data["about"].strip(), data["command"].strip(),
                                    [float(s) for s in data.get("scores", [])], data.get("target"),
                                    int(data.get("order", 100)), dict(data.get("notes") or {}),
@@ -181,45 +202,108 @@ def benchmarks(results: Path = RESULTS) -> list[Benchmark]:
                                    bool(data.get("by_minutes", False)),
                                    None if data.get("acts_from_env_steps") is None
                                    else int(data["acts_from_env_steps"])))
-        except (yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as e:
-            raise ResultsError(f"{path}: {type(e).__name__}: {e}") from None
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ResultsError(f"{path}: {type(e).__name__}: {_one_line(e)}") from None
     return sorted(found, key=lambda b: (b.order, b.name))
 
 
+BENCHMARK_KEYS = ("title", "about", "command")   # what a benchmark.yaml must give; the rest have defaults
+
+
+def _one_line(error: Exception) -> str:
+    """A parser's error as one line: YAML's names the line and column of its problem."""
+    if isinstance(error, yaml.MarkedYAMLError) and error.problem_mark is not None:
+        return f"{error.problem} (line {error.problem_mark.line + 1}, column {error.problem_mark.column + 1})"
+    return " ".join(str(error).split())
+
+
 def records(benchmark: Benchmark, results: Path = RESULTS) -> list[Path]:
-    """The benchmark's record folders, in order of their run's seed, then name."""
-    folders = [p.parent for p in (results / benchmark.name).glob(f"*/{CURVE}")]
+    """The benchmark's record folders, in order of their run's seed, then name. A folder there that lacks a record's
+    files is refused, not left off the page; a record being written (.<name>.partial) is not one yet."""
+    folders = [p for p in (results / benchmark.name).iterdir() if p.is_dir() and not p.name.startswith(".")]
+    for folder in folders:
+        missing = [name for name in RECORD_FILES if not (folder / name).is_file()]
+        if missing:
+            raise ResultsError(f"{folder} is not a whole record: it has no {', '.join(missing)} (a record has "
+                               f"{', '.join(RECORD_FILES)})")
     return sorted(folders, key=lambda f: (_config(f)["run"]["seed"], f.name))
 
 
 def curve(record_dir: Path) -> list[EvalPoint]:
     """A record's evaluation curve as rl_dqn.plot draws it."""
     whole = _round_episodes(_config(record_dir))
-    with open(record_dir / CURVE, newline="") as f:
-        rows = list(csv.DictReader(f))
-    return [EvalPoint(int(r["env_steps"]), float(r["wall_s"]), float(r["mean"]), float(r["std"]),
-                      screened=0 < int(r["episodes"]) < whole) for r in rows]
+    path = record_dir / CURVE
+    try:
+        with open(path, newline="") as f:
+            head, *rows = list(csv.reader(f)) or [[]]
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise ResultsError(f"{path} cannot be read: {_one_line(e)}") from None
+    if not head:
+        raise ResultsError(f"{path} is empty: a record's curve is the header {','.join(COLUMNS)} and a row per "
+                           f"evaluation round")
+    if tuple(head) != COLUMNS:
+        raise ResultsError(f"{path} does not start with the header {','.join(COLUMNS)}")
+    # record() writes a round per evaluation the run logged, and records only a run that has them.
+    if not rows:
+        raise ResultsError(f"{path} has no evaluation rounds: a record's curve has at least one")
+    points = []
+    for line, row in enumerate(rows, start=2):
+        try:
+            steps, seconds, mean, std, episodes = row
+            point = EvalPoint(int(steps), float(seconds), float(mean), float(std),
+                              screened=0 < int(episodes) < whole)
+        except ValueError:
+            point = None
+        if point is None or not all(map(math.isfinite, point[1:4])):
+            raise ResultsError(f"{path}, line {line}: {','.join(row)!r} is not {len(COLUMNS)} numbers "
+                               f"({','.join(COLUMNS)}; env steps and episodes whole)")
+        points.append(point)
+    return points
 
 
 def _config(record_dir: Path) -> dict:
     """A record's config.yaml, parsed once per version of the file (the page reads each several times). Not to be
     changed by the caller: the next reader gets the same dict."""
     path = record_dir / "config.yaml"
-    stat = path.stat()
+    try:
+        stat = path.stat()
+    except OSError:
+        raise ResultsError(f"{path}: no such file (a record keeps the config its run ran)") from None
     return _parsed(path, stat.st_mtime_ns, stat.st_size)
+
+
+# What the page reads of a record's config, each an integer but env.id.
+RECORD_CONFIG_KEYS = (("run", "seed"), ("eval", "episodes"), ("eval", "every_env_steps"), ("env", "id"))
 
 
 @functools.lru_cache(maxsize=4096)
 def _parsed(path: Path, mtime_ns: int, size: int) -> dict:
-    # libyaml's parser where PyYAML has it: the Python one takes most of the page's time.
-    return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    try:
+        # libyaml's parser where PyYAML has it: the Python one takes most of the page's time.
+        config = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ResultsError(f"{path} is not readable YAML: {_one_line(e)}") from None
+    for section, key in RECORD_CONFIG_KEYS:
+        try:
+            value = config[section][key]
+            if isinstance(value, bool) or not isinstance(value, str if key == "id" else int):
+                raise TypeError
+        except (KeyError, TypeError):
+            raise ResultsError(f"{path} is not a run's config: it has no {section}.{key} that is "
+                               + ("a string" if key == "id" else "an integer")) from None
+    return config
 
 
 def _json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
+    except OSError as e:
+        raise ResultsError(f"{path} cannot be read: {e.strerror or e}") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise ResultsError(f"{path} is not readable JSON ({type(e).__name__}: {e})") from None
+    if not isinstance(data, dict):
+        raise ResultsError(f"{path} is not a JSON object")
+    return data
 
 
 # ------------------------------------------------------------------------------------------------ the page
@@ -353,7 +437,12 @@ def whole_games_mean(record_dir: Path) -> float | None:
     """The mean score of a record's final weights in whole games (whole_games.json), None where they were not
     played."""
     path = record_dir / WHOLE_GAMES
-    return _json(path)["mean"] if path.is_file() else None
+    if not path.is_file():
+        return None
+    mean = _json(path).get("mean")
+    if isinstance(mean, bool) or not isinstance(mean, (int, float)):
+        raise ResultsError(f"{path} has no mean score (`mean`, a number)")
+    return mean
 
 
 def return_at_epsilon(summary: dict) -> float | None:
@@ -396,11 +485,16 @@ def random_here(folder: Path, config: str | None = None) -> dict[str, float]:
     every row was played with that config file, e.g. atari_cpu.yaml)."""
     if not (folder / RANDOM_CSV).is_file():
         return {}
-    with open(folder / RANDOM_CSV, newline="") as f:
-        rows = list(csv.DictReader(f))
-    if config is not None and any(row["config"] != config for row in rows):
-        return {}
-    return {row["game"]: float(row["mean"]) for row in rows}
+    path = folder / RANDOM_CSV
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+        if config is not None and any(row["config"] != config for row in rows):
+            return {}
+        return {row["game"]: float(row["mean"]) for row in rows}
+    except (OSError, UnicodeDecodeError, csv.Error, KeyError, TypeError, ValueError) as e:
+        raise ResultsError(f"{path} is not a table of {','.join(RANDOM_COLUMNS)} (benchmarks/random_scores.py "
+                           f"--csv): {type(e).__name__}: {_one_line(e)}") from None
 
 
 def random_for(bench: Benchmark, results: Path) -> dict[str, float]:

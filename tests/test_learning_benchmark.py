@@ -289,6 +289,31 @@ def test_games_that_cannot_run_are_refused_in_one_line_before_anything_runs(tmp_
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("args, error", [
+    (["run.name=x"], "override run.name=x: the benchmark names each run <prefix>-s<seed> (with --games, "
+                     "<prefix>-<Game>-s<seed>); give --prefix instead"),
+    (["--seeds", "1,2", "run.seed=5"], "override run.seed=5: the benchmark sets each run's run.seed from --seeds; give "
+                                       "--seeds instead"),
+    (["--record", "div/"], "--record: benchmark 'div/' is not a benchmark's name: give the name of its folder in "
+                           "{results}, with no path or slash (did you mean div?)"),
+    (["--record", "../results/div"], "--record: benchmark '../results/div' is not a benchmark's name"),
+])
+def test_what_the_benchmark_sets_itself_and_a_benchmark_given_as_a_path_are_refused_before_anything_runs(tmp_path, args,
+                                                                                                       error):
+    """A run.name or run.seed override would win over the benchmark's own, so that it read back folders no run wrote
+    or labelled every seed's run with one seed; a --record with a path would fail only once the seeds had run.
+    (--minutes keeps a run that starts anyway short.)"""
+    store = tmp_path / "results"
+    (store / "div").mkdir(parents=True)
+    (store / "div/benchmark.yaml").write_text("title: D\nabout: D.\ncommand: python benchmarks/learning.py "
+                                              "configs/smoke.yaml\n")
+    result = subprocess.run([*BENCHMARK, "--prefix", "bad", "--minutes", "0.05", "--results", str(store), *args],
+                            cwd=ROOT, env=_env(tmp_path / "runs"), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stdout + result.stderr
+    assert result.stderr.startswith(f"learning.py: error: {error.format(results=store)}"), result.stderr
+    assert result.stdout == "" and not (tmp_path / "runs").exists()
+
+
 @pytest.mark.slow
 def test_a_run_stopped_at_the_benchmarks_stop_at_is_told_from_one_that_ended_itself(tmp_path):
     """--stop-at without eval.stop_score: the benchmark stops the run (SIGINT, so the run's summary says it ended on

@@ -110,6 +110,9 @@ def test_the_plot_command_draws_every_run_into_a_png_and_prints_their_times(tmp_
     (["{empty}"], "has no evaluations with times"),
     (["{empty}", "--out", "{tmp}/curve.jpg"], "--out must name a .png file"),
     (["{empty}", "--out", "{tmp}/a.png"], "--out must name a .png file, got '{tmp}/a.png', a folder"),
+    (["{empty}", "--out", "{tmp}/notes.txt/b/a.png"], "--out '{tmp}/notes.txt/b/a.png': '{tmp}/notes.txt' is a file, "
+                                                      "not a folder"),
+    (["{garbage}"], "garbage: its events.out.tfevents.* files hold no event TensorBoard can read"),
     (["{empty}", "--labels", "a,b"], "--labels gives 2 labels for 1 runs"),
     (["{empty}", "{empty}", "--labels", "x,x"], "each run needs a label of its own; x names more than one"),
 ])
@@ -118,7 +121,11 @@ def test_the_plot_command_refuses_what_it_cannot_draw_with_one_line(tmp_path, ar
     writer.add_scalar("learner/loss", 1.0, 1)
     writer.close()
     (tmp_path / "a.png").mkdir()
-    args = [a.format(missing=tmp_path / "missing", empty=tmp_path / "empty", tmp=tmp_path) for a in args]
+    (tmp_path / "notes.txt").write_text("")
+    (tmp_path / "garbage").mkdir()
+    (tmp_path / "garbage/events.out.tfevents.1.host").write_bytes(bytes(range(256)) * 8)
+    args = [a.format(missing=tmp_path / "missing", empty=tmp_path / "empty", garbage=tmp_path / "garbage",
+                     tmp=tmp_path) for a in args]
     message = message.format(tmp=tmp_path)
     result = subprocess.run([sys.executable, "-m", "rl_dqn.plot", *args], cwd=ROOT, capture_output=True, text=True,
                             timeout=120)

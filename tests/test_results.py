@@ -6,6 +6,8 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -101,6 +103,110 @@ def test_what_cannot_be_recorded_is_refused_with_one_line(store):
     assert sorted(p.name for p in (store / "results" / "pong_here").iterdir()) == ["benchmark.yaml"]
     (run / "config.yaml").write_text(config)
     assert results.record(run, "pong_here", store / "results").name == "pong-s1"
+
+
+@pytest.mark.parametrize("given", ["pong_here/", "results/pong_here", "../results/pong_here", "./pong_here"])
+def test_a_benchmark_given_as_a_path_is_refused_in_one_line_naming_what_a_benchmark_name_is(store, capsys, given):
+    run = finished_run(store / "runs", "pong-s1", 1, [(50_000, 130.0, -20.0, 0.0, 5)])
+    with pytest.raises(results.ResultsError, match=f"benchmark '{given}' is not a benchmark's name: give the name of "
+                                                   f"its folder in .*, with no path or slash \\(did you mean "
+                                                   f"pong_here\\?\\)"):
+        results.record(run, given, store / "results")
+    assert sorted(p.name for p in (store / "results" / "pong_here").iterdir()) == ["benchmark.yaml"]
+    # The command: one line and exit code 2, before it reads the run.
+    assert results.main(["record", str(run), "cartpole/"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("results: error: benchmark 'cartpole/' is not a benchmark's name") and err.count("\n") == 1
+
+
+def _damage(store: Path, how: str) -> str:
+    """Damages pong_here's record pong-s1 (or its benchmark.yaml) as `how` says; returns the file the error names."""
+    record = store / "results/pong_here/pong-s1"
+    curve = (record / "eval.csv").read_text().splitlines()
+    if how == "a word in eval.csv":
+        (record / "eval.csv").write_text("\n".join([curve[0], "abc" + curve[1][curve[1].index(","):], *curve[2:]]))
+    elif how == "a short row in eval.csv":
+        (record / "eval.csv").write_text("\n".join([*curve, "200000,400.0"]))
+    elif how == "eval.csv with its header only":
+        (record / "eval.csv").write_text(curve[0] + "\n")
+    elif how == "an empty eval.csv":
+        (record / "eval.csv").write_text("")
+    elif how == "no config.yaml":
+        (record / "config.yaml").unlink()
+        return str(record)
+    elif how == "bad YAML in config.yaml":
+        (record / "config.yaml").write_text("eval: [\n")
+    elif how == "config.yaml without run.seed":
+        (record / "config.yaml").write_text((record / "config.yaml").read_text().replace("  seed: 1\n", ""))
+    elif how == "bad YAML in benchmark.yaml":
+        (store / "results/pong_here/benchmark.yaml").write_text("title: [\n")
+        return str(store / "results/pong_here/benchmark.yaml")
+    elif how == "benchmark.yaml without about":
+        (store / "results/pong_here/benchmark.yaml").write_text(BENCHMARK.replace("about: >\n  What it measures.\n",
+                                                                                  ""))
+        return str(store / "results/pong_here/benchmark.yaml")
+    return str(record / ("config.yaml" if "config" in how else "eval.csv"))
+
+
+@pytest.mark.parametrize("how, error", [
+    ("a word in eval.csv", r"eval.csv, line 2: 'abc,130.0,-20.0000,0.0000,5' is not 5 numbers \(env_steps,wall_s,mean,"
+                           r"std,episodes; env steps and episodes whole\)"),
+    ("a short row in eval.csv", r"eval.csv, line 4: '200000,400.0' is not 5 numbers"),
+    ("eval.csv with its header only", r"eval.csv has no evaluation rounds: a record's curve has at least one"),
+    ("an empty eval.csv", r"eval.csv is empty: a record's curve is the header env_steps,wall_s,mean,std,episodes"),
+    ("no config.yaml", r"pong-s1 is not a whole record: it has no config.yaml \(a record has config.yaml, run.json, "
+                       r"summary.json, eval.csv\)"),
+    ("bad YAML in config.yaml", r"config.yaml is not readable YAML: did not find expected node content \(line 2, "),
+    ("config.yaml without run.seed", r"config.yaml is not a run's config: it has no run.seed that is an integer"),
+    ("bad YAML in benchmark.yaml", r"benchmark.yaml is not readable YAML: .* \(line 2, column 1\)"),
+    ("benchmark.yaml without about", r"benchmark.yaml has no about \(a benchmark.yaml is a mapping that gives at "
+                                     r"least title, about, command\)"),
+])
+def test_a_damaged_record_or_benchmark_is_named_in_one_line_and_the_page_is_left_as_it_was(store, monkeypatch,
+                                                                                             capsys, how, error):
+    rounds = [(50_000, 130.0, -20.0, 0.0, 5), (100_000, 250.0, 16.0, 2.0, 20)]
+    results.record(finished_run(store / "runs", "pong-s1", 1, rounds), "pong_here", store / "results")
+    page, figures = store / "docs/results.md", store / "docs/results"
+    results.write(store / "results", page, figures)
+    before = {p: p.read_bytes() for p in [page, *figures.iterdir()]}
+    named = _damage(store, how)
+    # The command as it runs on the repository's results/, here on this test's.
+    write, make_page = results.write, results.page
+    monkeypatch.setattr(results, "page", lambda folder=store / "results": make_page(folder))
+    monkeypatch.setattr(results, "write", lambda: write(store / "results", page, figures))
+    monkeypatch.setattr(results, "PAGE", page)
+    monkeypatch.setattr(results, "FIGURES", figures)
+    for argv in ([], ["--check"]):
+        assert results.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"results: error: {named}") and err.count("\n") == 1, err
+        assert re.search(error, err), err
+    assert {p: p.read_bytes() for p in [page, *figures.iterdir()]} == before
+
+
+def test_a_record_being_written_is_not_on_the_page_and_a_folder_short_of_a_records_files_is_refused(store):
+    run = finished_run(store / "runs", "pong-s1", 1, [(50_000, 130.0, -20.0, 0.0, 5)])
+    folder = results.record(run, "pong_here", store / "results")
+    # What a `record` that was killed leaves: its next try removes it.
+    shutil.copytree(folder, store / "results/pong_here/.pong-s2.partial")
+    text, figures = results.page(store / "results")
+    assert "pong-s2" not in text and list(figures["pong_here"]) == ["seed 1"]
+    (store / "results/pong_here/pong-s3").mkdir()
+    (store / "results/pong_here/pong-s3/config.yaml").write_bytes((folder / "config.yaml").read_bytes())
+    with pytest.raises(results.ResultsError, match="pong-s3 is not a whole record: it has no run.json, summary.json, "
+                                                   "eval.csv"):
+        results.page(store / "results")
+
+
+def test_a_benchmarks_random_scores_or_a_records_whole_games_that_cannot_be_read_are_named(tmp_path):
+    (tmp_path / results.RANDOM_CSV).write_text("game,config,episodes,mean,std,min,max\n"
+                                               "Qbert,atari_cpu.yaml,20,x,1,0,3\n")
+    with pytest.raises(results.ResultsError, match="random.csv is not a table of game,config,episodes,mean,std,min,"
+                                                   "max .*ValueError: could not convert string to float: 'x'"):
+        results.random_here(tmp_path)
+    (tmp_path / results.WHOLE_GAMES).write_text(json.dumps({"scores": [1.0]}))
+    with pytest.raises(results.ResultsError, match=r"whole_games.json has no mean score \(`mean`, a number\)"):
+        results.whole_games_mean(tmp_path)
 
 
 def test_runs_reported_before_records_keep_their_table_marked_as_such(store):
