@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import pickle
 import sys
 import time
 from pathlib import Path
@@ -51,14 +50,10 @@ def main() -> None:
         if not checkpoint.is_file():
             raise FileNotFoundError(f"no such run folder or checkpoint file: {checkpoint}")
         cfg, network = load_player(checkpoint)
-    # What torch.load and a checkpoint of another version raise; a zero-byte file is EOFError.
-    except (OSError, EOFError, RuntimeError, KeyError, TypeError, ValueError, pickle.UnpicklingError) as e:
-        if isinstance(e, FileNotFoundError):
-            parser.error(f"run {args.run}: {e}")
-        why = (str(e).strip().splitlines() or [""])[0]   # load_state_dict's errors run over several lines
-        if isinstance(e, EOFError):
-            why = "the file is empty" if checkpoint.stat().st_size == 0 else "the file is cut short"
-        parser.error(f"run {args.run}: cannot load {checkpoint} ({type(e).__name__}: {why})")
+    except FileNotFoundError as e:
+        parser.error(f"run {args.run}: {e}")
+    except checkpoints.CheckpointError as e:
+        parser.error(f"run {args.run}: cannot load {checkpoint} ({e.reason})")
     torch.set_num_threads(cfg.eval.torch_threads)
     # The evaluator's env: training's with the run's eval.sticky_action_prob (see Config.eval_env).
     env_cfg = dataclasses.replace(cfg.eval_env, max_episode_frames=args.max_episode_frames)

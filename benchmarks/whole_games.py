@@ -70,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         epsilon = load_config(path.parent / "config.yaml").eval.epsilon   # the run's, as its record keeps it
         try:
             scores = evaluate(checkpoint, args.episodes, epsilon, args.seed, max_episode_frames=args.max_episode_frames)
+        except checkpoints.CheckpointError as e:
+            print(f"whole_games: error: {checkpoint} could not be played: {e.reason}", file=sys.stderr)
+            return 1
         except (ConfigError, EnvError, RuntimeError, KeyError, TypeError, ValueError, EOFError) as e:
             print(f"whole_games: error: {checkpoint} could not be played ({type(e).__name__}: {e})", file=sys.stderr)
             return 1

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import pickle
 import time
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -79,23 +80,77 @@ def save_best(run_dir: Path, state: dict) -> Path:
     return path
 
 
-def load(path: Path) -> tuple[dict, dict | None]:
-    """A checkpoint's state, and the replay contents it names (None when it holds no replay), on the CPU."""
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    replay = state.get("replay_file")
-    if replay is None:
-        return state, None
+class CheckpointError(ValueError):
+    """A checkpoint or replay file that cannot be read as one: the file, and why in a few words."""
+
+    def __init__(self, path: Path, reason: str):
+        super().__init__(f"{path}: {reason}")
+        self.path, self.reason = path, reason
+
+
+# What a learner checkpoint holds besides its identity (config, spec); a file without them is another kind.
+LEARNER_KEYS = ("network", "target", "optimizer", "generator", "counters", "schedule")
+
+
+def read(path: Path, mmap: bool = False) -> dict:
+    """A checkpoint file's contents on the CPU (with `mmap`, its tensors mapped from the file, not read), or
+    CheckpointError where it is not a file of torch.save's that holds a dict."""
     try:
-        return state, torch.load(path.parent / replay, map_location="cpu", weights_only=True)
-    except (RuntimeError, OSError, EOFError, pickle.UnpicklingError) as e:   # say which of the two files is bad
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"its replay file {replay}: {reason}") from None
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except (RuntimeError, OSError, EOFError, pickle.UnpicklingError) as e:
+        raise CheckpointError(path, _unreadable(path, e)) from None
+    if not isinstance(state, dict):
+        raise CheckpointError(path, f"it holds a {type(state).__name__}, not an rl_dqn checkpoint")
+    return state
+
+
+def _unreadable(path: Path, error: Exception) -> str:
+    if path.is_dir():
+        return "it is a folder"
+    if not path.exists():
+        return "no such file"
+    if path.stat().st_size == 0:
+        return "the file is empty"
+    # torch.save writes a zip archive: one that begins as one but lacks its end (the central directory) was cut
+    # short, as by a full disk or a copy stopped midway.
+    with open(path, "rb") as f:
+        zip_start = f.read(4) == b"PK\x03\x04"
+    if zip_start and not zipfile.is_zipfile(path):
+        return "the file is cut short"
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    if reason.startswith("Weights only load failed"):   # torch's advice to load it unsafely: not for a user here
+        return "not a file torch.save wrote with tensors and plain data only"
+    return reason
+
+
+def require_keys(state: dict, path: Path, keys: tuple[str, ...], kind: str) -> dict:
+    missing = [key for key in keys if key not in state]
+    if missing:
+        raise CheckpointError(path, f"not {kind} (it has no {', '.join(missing)})")
+    return state
+
+
+def load(path: Path) -> tuple[dict, dict | None]:
+    """A learner checkpoint's state, and the replay contents it names (None when it names none, or when its replay
+    file has been moved aside: the run goes on with an empty replay), on the CPU."""
+    state = require_keys(read(path), path, LEARNER_KEYS, "a learner checkpoint")
+    replay = replay_path(path, state)
+    if replay is None or not replay.exists():
+        return state, None
+    return state, read(replay)
+
+
+def replay_path(path: Path, state: dict) -> Path | None:
+    """The replay file that the checkpoint at `path`, holding `state`, names; None when it names none."""
+    return path.parent / state["replay_file"] if state.get("replay_file") else None
 
 
 def load_state(path: Path) -> dict:
-    """A checkpoint's state alone, to read its counters and schedule: the replay file it names stays unread, and
-    its tensors are mapped from the file rather than read (mmap), so this is cheap for any size of network."""
-    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    """A learner checkpoint's state alone, to read its counters and schedule: the replay file it names stays unread,
+    and its tensors are mapped from the file rather than read (mmap), so this is cheap for any size of network."""
+    return require_keys(read(path, mmap=True), path, LEARNER_KEYS, "a learner checkpoint")
 
 
 def save_atomically(state: dict, path: Path, progress: Callable[[int], None] | None = None) -> None:

@@ -54,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     for name, text in (("local", "learner and collectors on this node"), ("learner", "the learner process"),
                        ("collectors", "this node's collector processes"), ("collector", "one collector process"),
-                       ("worker", "the learner (rank 0) or one collector, by cluster.rank or RANK")):
+                       ("worker", "the learner (rank 0) or one collector, by cluster.rank (or RANK under env://)")):
         p = sub.add_parser(name, help=text)
         p.add_argument("config", help="YAML file, e.g. configs/pong.yaml")
         p.add_argument("overrides", nargs="*", default=[], metavar="section.key=value")   # a default: optional
@@ -255,34 +255,64 @@ def changed_on_resume(cfg: Config, state: dict) -> list[str]:
     return changed
 
 
-def _finished_already(cfg: Config) -> str | None:
-    """finished_already() for a resumed run's newest checkpoint, read without its replay; None for a new run, or
-    for one that holds no checkpoint (which _make_run_dir refuses). A checkpoint that cannot be read, or a config
-    that changes what the run's networks are (changed_on_resume()), is refused here, before anything is written."""
-    import pickle
-
+def resume_check(cfg: Config) -> str | None:
+    """finished_already() for a resumed run's newest checkpoint; None for a new run, or for one that holds no
+    checkpoint (which _make_run_dir refuses). Refused here, before anything is written or started: a checkpoint
+    that cannot be read, a config that changes what the run's networks are (changed_on_resume()), and a replay file
+    that cannot be read or does not fit this config's replay (its tensors are mapped from the file, not read)."""
     from rl_dqn import checkpoints
+    from rl_dqn.replay import ReplayMemory
     found = checkpoints.all_of(run_dir(cfg)) if cfg.run.resume else []
     if not found:
         return None
-    if found[-1].stat().st_size == 0:
-        raise ConfigError("run.resume", f"cannot continue from {found[-1]}: the file is empty; move it aside to "
-                                        f"resume from the one before it")
+    newest = found[-1]
     try:
-        state = checkpoints.load_state(found[-1])
+        state = checkpoints.load_state(newest)
         changed = changed_on_resume(cfg, state)
         ended = finished_already(cfg, state)
-    except (RuntimeError, ValueError, KeyError, TypeError, OSError, EOFError, pickle.UnpicklingError) as e:
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ConfigError("run.resume", f"cannot continue from {found[-1]}: {reason}") from None
+    except checkpoints.CheckpointError as e:
+        raise ConfigError("run.resume", f"cannot continue from {newest}: {e.reason}; move it aside to resume from "
+                                        f"the one before it") from None
+    except (KeyError, TypeError, AttributeError) as e:   # a dict, but not of the shape this version writes
+        raise ConfigError("run.resume", f"cannot continue from {newest}: it is not a checkpoint this version "
+                                        f"writes ({type(e).__name__}: {e}); move it aside to resume from the one "
+                                        f"before it") from None
     if changed:
         raise ConfigError("run.resume", f"run {cfg.run.name} keeps its networks and game, and this config changes "
                                         f"them ({'; '.join(changed)}): drop those overrides, or start a new run.name")
+    replay = checkpoints.replay_path(newest, state)
+    if ended is None and replay is not None and replay.exists():
+        aside = f"move {replay.name} aside to resume with an empty replay"
+        try:
+            why = ReplayMemory.saved_mismatch(checkpoints.read(replay, mmap=True), cfg.train.replay_capacity,
+                                              cfg.num_envs)
+        except checkpoints.CheckpointError as e:
+            raise ConfigError("run.resume", f"cannot continue from {newest}: its replay file {replay.name}: "
+                                            f"{e.reason}; {aside}") from None
+        if why is not None:
+            raise ConfigError("run.resume", f"cannot continue from {newest}: its replay file {replay.name}: {why} "
+                                            f"(collectors.count x env.envs_per_collector lanes, "
+                                            f"train.replay_capacity / lanes steps each); set them as the run had "
+                                            f"them, or {aside}")
     return ended
 
 
 def _make_run_dir(cfg: Config) -> Path:
     """Creates runs/<run.name>/, which must be new or empty and writable; a resumed run's must hold a checkpoint."""
+    folder = check_run_dir(cfg)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / ".write-check").touch()
+        (folder / ".write-check").unlink()
+    except OSError as e:
+        raise ConfigError("run.name", f"cannot write the run folder {folder}: {e.strerror} "
+                                      f"(RL_DQN_RUNS_DIR moves the runs folder)") from None
+    return folder
+
+
+def check_run_dir(cfg: Config) -> Path:
+    """runs/<run.name>/, refused (ConfigError) where it is a file, holds another run and this one is new, or holds
+    no checkpoint and this one resumes; nothing is created."""
     folder = run_dir(cfg)
     if folder.exists() and not folder.is_dir():
         raise ConfigError("run.name", f"{folder} is a file, not a run folder; choose another run.name")
@@ -294,13 +324,6 @@ def _make_run_dir(cfg: Config) -> Path:
     elif folder.exists() and any(folder.iterdir()):
         raise ConfigError("run.name", f"{folder} already holds a run; choose another run.name, or continue it "
                                       f"with run.resume=true")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / ".write-check").touch()
-        (folder / ".write-check").unlink()
-    except OSError as e:
-        raise ConfigError("run.name", f"cannot write the run folder {folder}: {e.strerror} "
-                                      f"(RL_DQN_RUNS_DIR moves the runs folder)") from None
     return folder
 
 
@@ -329,7 +352,7 @@ def _local(cfg: Config, args) -> int:
         if learner_device.type == "cpu":   # a GPU's free memory the learner reads itself: CUDA does not start here
             from rl_dqn.system import available_memory
             check_replay_memory(cfg, spec, learner_device, available_memory(learner_device))
-        if (line := _finished_already(cfg)) is not None:
+        if (line := resume_check(cfg)) is not None:
             say("local", line)
             return False
         _make_run_dir(cfg)
@@ -488,7 +511,7 @@ def _learner(cfg: Config, args) -> int:
     placement = _placement(cfg, 0)
     check_replay_memory(cfg, spec, placement.device, available_memory(placement.device))   # a GPU's context made
     startup.mark(f"{placement.device} ready")
-    if (line := _finished_already(cfg)) is not None:   # before the run folder is touched or RPC joined
+    if (line := resume_check(cfg)) is not None:   # before the run folder is touched or RPC joined
         say("learner", line)
         return 0
     folder = _make_run_dir(cfg)

@@ -169,19 +169,21 @@ def load(config: str, overrides: list[str]) -> Config:
 
 def check(config: str, overrides: list[str], runs_dir: Path) -> tuple[list[str], Finding]:
     """Every line of the report and what it found, for `config` as it would run on this machine."""
-    from envs import EnvError, describe_env
+    from rl_dqn.cli import check_env, check_run_dir, resume_check
     lines = [f"rl_dqn doctor, {time.strftime('%Y-%m-%d %H:%M')} on {socket.gethostname()}", *software_lines(),
              *cpu_lines(), *gpu_lines()]
     try:
         cfg = load(config, overrides)
-        describe_env(cfg.env)
+        check_env(cfg)
         lines += tensorpipe_lines(cfg)
         lines.append(f"{config} as it would run here:")
         role_lines, advice = roles(cfg)
+        # What the launchers refuse before anything starts: the run folder, and what a resumed run continues from.
+        if (ended := resume_check(cfg)) is not None:
+            role_lines.append(f"  {ended}")
+        check_run_dir(cfg)
     except ConfigError as e:
         return lines, Finding([str(e)], [])
-    except EnvError as e:
-        return lines, Finding([f"env.id: {e}"], [])
     disk_lines, found = disk(cfg, runs_dir)
     return lines + role_lines + disk_lines, Finding(found.problems, advice)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import os
-import pickle
 import queue
 import sys
 import time
@@ -88,12 +87,19 @@ def play_round(envs: list, network: QNetwork, eval_cfg, generator: torch.Generat
 
 
 def load_player(checkpoint: Path) -> tuple[Config, QNetwork]:
-    """The run's config and its online network from a checkpoint."""
-    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    cfg = from_dict(state["config"])
-    spec = state["spec"]
-    network = QNetwork.for_env(tuple(spec["obs_shape"]), spec["num_actions"], cfg.network, "cpu")
-    network.load_state_dict(state["network"])
+    """The run's config and its online network from a checkpoint (the learner's or best.pt); CheckpointError where
+    the file is not one, or holds what this version cannot rebuild a network from."""
+    state = checkpoints.require_keys(checkpoints.read(checkpoint), checkpoint, ("config", "spec", "network"),
+                                     "an rl_dqn checkpoint")
+    try:
+        cfg = from_dict(state["config"])
+        spec = state["spec"]
+        network = QNetwork.for_env(tuple(spec["obs_shape"]), spec["num_actions"], cfg.network, "cpu")
+        network.load_state_dict(state["network"])
+    except (ConfigError, RuntimeError, KeyError, TypeError, ValueError) as e:   # load_state_dict's run over lines
+        why = (str(e).strip().splitlines() or [""])[0]
+        raise checkpoints.CheckpointError(checkpoint, f"its network cannot be rebuilt ({type(e).__name__}: "
+                                                      f"{why})") from None
     return cfg, network.for_acting()
 
 
@@ -246,12 +252,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg, _ = load_player(checkpoint)
     except FileNotFoundError as e:
         return _fail(str(e))
-    except (RuntimeError, KeyError, TypeError, ValueError, pickle.UnpicklingError, EOFError) as e:
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        if reason.startswith("Weights only load failed"):   # torch's advice to load it unsafely: not for a user here
-            reason = "not a file torch.save wrote with tensors and plain data only"
+    except checkpoints.CheckpointError as e:
         return _fail(f"{checkpoint} is not an rl_dqn checkpoint (a run folder, runs/<name>, or a .pt file of its "
-                     f"checkpoints/; {type(e).__name__}: {reason})")
+                     f"checkpoints/): {e.reason}")
     if args.max_episode_frames is not None and args.max_episode_frames < cfg.env.frame_skip:
         parser.error(f"--max-episode-frames must be >= the run's env.frame_skip ({cfg.env.frame_skip}), got "
                      f"{args.max_episode_frames}")

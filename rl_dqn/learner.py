@@ -359,7 +359,13 @@ class Learner:
         self.report.resume_at(self.intake.env_steps, schedule["elapsed_s"], schedule["best_eval"])
         say("learner", f"resumed from {path.name}: {self.intake.env_steps:,} env steps, {self.trainer.updates:,} "
                        f"updates, weights v{self.weights_version}, replay {len(self.trainer.replay):,} transitions"
-                       + ("" if replay is not None else " (the checkpoint holds no replay)"))
+                       + ("" if replay is not None else f" ({self._no_replay(path, state)})"))
+
+    @staticmethod
+    def _no_replay(path: Path, state: dict) -> str:
+        moved = checkpoints.replay_path(path, state)
+        return (f"its replay file {moved.name} is gone: the replay starts empty" if moved is not None
+                else "the checkpoint holds no replay")
 
     # ------------------------------------------------------------------------------------------ the end
 

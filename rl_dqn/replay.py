@@ -175,6 +175,20 @@ class ReplayMemory:
         return {name: store[:, :filled].clone() if name in _PER_LANE and filled < self.lane_capacity else store
                 for name, store in self._stores().items()}
 
+    @staticmethod
+    def saved_mismatch(state: dict, capacity: int, num_lanes: int) -> str | None:
+        """Why a replay that state_dict() saved as `state` cannot go into a memory of `capacity` over `num_lanes`
+        lanes, said in a few words; None when its lanes and their length are this memory's (load_state_dict checks
+        the rest)."""
+        frames, priorities = state.get("frames"), state.get("priorities")
+        if not (isinstance(frames, torch.Tensor) and frames.dim() > 1 and isinstance(priorities, torch.Tensor)):
+            return "it holds no replay memory's frames and priorities"
+        saved = (frames.shape[0], priorities.numel() // max(1, frames.shape[0]))
+        if saved == (num_lanes, capacity // num_lanes):
+            return None
+        return (f"it holds {saved[0]} lanes of {saved[1]:,} steps, where this config's replay has {num_lanes} of "
+                f"{capacity // num_lanes:,}")
+
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Restores what `state_dict` saved, into a memory of the same capacity, lanes and frame shape."""
         mismatch = ("train.replay_capacity, the number of collectors, env.envs_per_collector and the env must stay "

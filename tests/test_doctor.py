@@ -61,8 +61,17 @@ def test_the_quick_start_config_can_run_here_and_the_report_says_on_what(tmp_pat
     (["configs/pong_cpu.yaml", "train.bach_size=3"], "train.bach_size: unknown key"),
     pytest.param(["configs/pong_cpu.yaml", "transport.kind=cuda"], "transport.kind: cuda needs a CUDA GPU",
                  marks=no_gpu),
+    # What the launchers refuse before they start anything, the doctor refuses too.
+    (["configs/cartpole.yaml", "eval.video=true"], "eval.video: videos are recorded from Atari games"),
+    (["configs/cartpole.yaml", "run.name=taken"], "run.name: "),
+    (["configs/cartpole.yaml", "run.name=nothing", "run.resume=true"], "run.resume: "),
+    (["configs/cartpole.yaml", "run.name=broken", "run.resume=true"], "run.resume: cannot continue from "),
 ])
-def test_a_config_that_cannot_run_here_exits_2_with_a_line_per_problem(doctor_here, args, problem):
+def test_a_config_that_cannot_run_here_exits_2_with_a_line_per_problem(doctor_here, tmp_path, args, problem):
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "config.yaml").write_text("run: {}\n")
+    (tmp_path / "broken" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "broken" / "checkpoints" / "checkpoint_000000001.pt").write_bytes(b"PK\x03\x04 cut")
     code, _, err = doctor_here(*args)
     assert code == 2
     assert err.startswith(f"doctor: {problem}") and len(err.strip().splitlines()) == 1

@@ -230,3 +230,20 @@ def test_play_given_a_file_that_is_no_checkpoint_says_so_without_torchs_advice_t
     err = capsys.readouterr().err
     assert err.startswith(f"play: error: {ROOT / 'configs/smoke.yaml'} is not an rl_dqn checkpoint (a run folder, ")
     assert err.count("\n") == 1 and "weights_only" not in err, err
+
+
+@pytest.mark.parametrize("damage, reason", [("cut", "the file is cut short"), ("folder", "it is a folder"),
+                                            ("list", "it holds a list, not an rl_dqn checkpoint")])
+def test_play_given_a_damaged_checkpoint_says_what_is_wrong_in_one_line(tmp_path, capsys, damage, reason):
+    path = tmp_path / "run" / "checkpoints" / "checkpoint_000000001.pt"   # the newest checkpoint of runs/run
+    path.parent.mkdir(parents=True)
+    if damage == "folder":
+        path.mkdir()
+    else:
+        torch.save([1, 2] if damage == "list" else {"network": torch.zeros(10_000)}, path)
+    if damage == "cut":
+        path.write_bytes(path.read_bytes()[:5000])
+    assert main([str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"play: error: {path} is not an rl_dqn checkpoint (a run folder, runs/<name>, or a .pt file of " \
+                  f"its checkpoints/): {reason}\n", err

@@ -184,6 +184,55 @@ def test_a_resume_whose_replay_file_is_broken_names_that_file_and_leaves_the_run
     assert {name: snapshot(run)[name] for name in record} == record
 
 
+def test_a_resume_whose_replay_does_not_fit_the_config_is_refused_before_any_role_starts(tmp_path):
+    """The run's replay has 4 lanes (2 collectors x 2 envs) of 300 steps; one more collector would make 6 of 200.
+    Refused in one line, exit code 2, that names the keys and the way on without the replay, before any role
+    starts: nothing in the run folder changes, not even a new TensorBoard file."""
+    run, _ = _a_run_with_a_checkpoint(tmp_path)
+    before = snapshot(run)
+    result = subprocess.run([sys.executable, "-m", "rl_dqn", "local", "configs/cartpole.yaml", "run.name=t",
+                             "run.resume=true", "collectors.count=3", "env.envs_per_collector=2",
+                             "train.replay_capacity=1200"],
+                            cwd=ROOT, capture_output=True, text=True, env=environment(tmp_path), timeout=120)
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stdout + result.stderr
+    replay = next((run / "checkpoints").glob("replay_*.pt")).name
+    assert f"its replay file {replay}: it holds 4 lanes of 300 steps, where this config's replay has 6 of 200" \
+        in result.stderr and f"move {replay} aside to resume with an empty replay" in result.stderr, result.stderr
+    assert "[learner]" not in result.stdout + result.stderr
+    assert snapshot(run) == before
+
+
+@pytest.mark.parametrize("saved, reason", [([1, 2], "it holds a list, not an rl_dqn checkpoint"),
+                                           ({"a": 1}, "not a learner checkpoint (it has no network, target, "),
+                                           ("cut", "the file is cut short")])
+def test_a_checkpoint_that_reads_but_is_no_learners_is_one_line_and_exit_2(tmp_path, saved, reason):
+    run, _ = _a_run_with_a_checkpoint(tmp_path)
+    newest = checkpoints.newest(run)
+    if saved == "cut":
+        newest.write_bytes(newest.read_bytes()[:5000])
+    else:
+        torch.save(saved, newest)
+    result = subprocess.run([sys.executable, "-m", "rl_dqn", "local", "configs/cartpole.yaml", "run.name=t",
+                             "run.resume=true"], cwd=ROOT, capture_output=True, text=True, env=environment(tmp_path),
+                            timeout=120)
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stdout + result.stderr
+    assert result.stderr.startswith(f"rl_dqn: config error: run.resume: cannot continue from {newest}: {reason}"), \
+        result.stderr
+
+
+def test_a_replay_moved_aside_resumes_the_networks_and_counters_with_an_empty_replay(tmp_path, capsys):
+    learner = make_learner(tmp_path)
+    learner.intake.ingest(chain_chunk(0, 0, episodes=30))
+    path = learner.save_checkpoint()
+    learner.report.close()
+    (path.parent / checkpoints.load_state(path)["replay_file"]).unlink()
+    fresh = make_learner(tmp_path)
+    fresh.restore(path)
+    fresh.report.close()
+    assert fresh.intake.env_steps == learner.intake.env_steps > 0 and len(fresh.trainer.replay) == 0
+    assert "is gone: the replay starts empty" in capsys.readouterr().out
+
+
 def test_a_resume_with_an_unreadable_run_json_keeps_it_aside_and_begins_a_new_one(tmp_path):
     learner = make_learner(tmp_path / "t")
     (tmp_path / "t" / "run.json").write_text('{"broken')
