@@ -16,7 +16,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from envs.config import ConfigError  # noqa: E402
-from rl_dqn.config import FOLDER_NAME  # noqa: E402
+from rl_dqn.config import FOLDER_NAME, RUN_SEED_MAX  # noqa: E402
 from rl_dqn.console import OneLineParser  # noqa: E402
 
 
@@ -35,6 +35,17 @@ def count(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def seed(text: str) -> int:
+    """A seed from 0 to 2^31 - 1 (run.seed's range), for an argparse type."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= RUN_SEED_MAX:
+        raise argparse.ArgumentTypeError(f"must be an integer from 0 to {RUN_SEED_MAX:,}, got {text!r}")
     return value
 
 

@@ -42,7 +42,7 @@ def main() -> None:
     parser.add_argument("--epsilon", type=arguments.probability, default=0.005)
     parser.add_argument("--max-episode-frames", type=arguments.count, default=18_000,
                         help="evaluation time limit in emulator frames (eval.max_episode_frames; default 18,000)")
-    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--seed", type=arguments.seed, default=7)
     args = parser.parse_args()
     configure_process()   # as the evaluator process does
     try:

@@ -71,7 +71,7 @@ sys.path.insert(0, str(ROOT))
 
 import arguments  # noqa: E402  (benchmarks/arguments.py, beside this script)
 from rl_dqn.cli import check_env  # noqa: E402
-from rl_dqn.config import ConfigError, load_config  # noqa: E402
+from rl_dqn.config import RUN_SEED_MAX, ConfigError, load_config  # noqa: E402
 from rl_dqn.console import LAUNCHED_AT_ENV, duration  # noqa: E402
 from rl_dqn.plot import EvalPoint, PlotError, first_reaching, load_events, read_evals, score_list, table  # noqa: E402
 from rl_dqn.results import (RESULTS, GameRun, ResultsError, check_benchmark_name, games_text, record,  # noqa: E402
@@ -371,8 +371,8 @@ def main() -> int:
         seeds = [int(s) for s in args.seeds.split(",")]
     except ValueError:
         parser.error(f"--seeds must be integers separated by commas, got {args.seeds!r}")
-    if min(seeds) < 0:
-        parser.error(f"--seeds must be integers >= 0 (run.seed), got {args.seeds!r}")
+    if min(seeds) < 0 or max(seeds) > RUN_SEED_MAX:
+        parser.error(f"--seeds must be integers from 0 to {RUN_SEED_MAX:,} (run.seed), got {args.seeds!r}")
     # A seed given twice would run twice, its second run's log overwriting the first's.
     if len(set(seeds)) != len(seeds):
         parser.error(f"--seeds names a seed twice: {args.seeds}")

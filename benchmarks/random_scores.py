@@ -35,7 +35,7 @@ def main() -> int:
     parser = arguments.parser(__doc__)
     parser.add_argument("configs", nargs="*", default=[str(ROOT / "configs" / name) for name in GAME_CONFIGS])
     parser.add_argument("--episodes", type=arguments.count, default=20)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=arguments.seed, default=0)
     parser.add_argument("--set", action="append", default=[], metavar="section.key=value",
                         help="an override applied to every config")
     parser.add_argument("--games", default="", help="Atari games, each played with every config, e.g. Qbert,Pong")

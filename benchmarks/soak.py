@@ -54,7 +54,7 @@ def main() -> int:
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     parser.add_argument("--minutes", type=arguments.positive, default=30.0)
     parser.add_argument("--kill-every-s", type=arguments.positive, default=180.0)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=arguments.seed, default=0)
     args = parser.parse_args()
     rng = random.Random(args.seed)
     run = f"soak-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the benchmark in results/ that holds the runs' records, e.g. atari_cpu_mdqn")
     parser.add_argument("--results", type=Path, default=RESULTS, help=argparse.SUPPRESS)   # tests' own folder
     parser.add_argument("--episodes", type=int, default=10, help="episodes per run, played side by side (default 10)")
-    parser.add_argument("--seed", type=int, default=12345, help="seed of the envs and the random actions")
+    parser.add_argument("--seed", type=arguments.seed, default=12345, help="seed of the envs and the random actions")
     parser.add_argument("--max-episode-frames", type=int, default=ALE_V5_FRAMES,
                         help=f"cut each episode at this many frames (default {ALE_V5_FRAMES:,}, ALE v5's limit)")
     args = parser.parse_args(argv)

@@ -130,7 +130,7 @@ class AtariVector(VectorEnv):
     """
 
     def __init__(self, cfg: EnvConfig, num_envs: int, seed: int, screen: bool = False):
-        self.cfg, self.num_envs, self._seed = cfg, num_envs, seed
+        self.cfg, self.num_envs, self._seed = cfg, num_envs, self._emulator_seed(seed, num_envs)
         self._env = self._emulator(cfg, num_envs, (84, 84), grayscale=True, stack=cfg.frame_stack)
         self.spec = EnvSpec((cfg.frame_stack, 84, 84), torch.uint8, int(self._env.single_action_space.n))
         self._lives = np.zeros(num_envs, dtype=np.int32)
@@ -149,8 +149,14 @@ class AtariVector(VectorEnv):
             max_num_frames_per_episode=cfg.max_episode_frames, reward_clipping=False, episodic_life=False,
             use_fire_reset=True)
 
+    @staticmethod
+    def _emulator_seed(seed: int, num_envs: int) -> int:
+        """`seed` as ale-py takes it: env k is seeded with seed + k, a C int, so seeds are taken modulo the range
+        that leaves room for every env (a run's envs derive theirs from run.seed, its env index and restarts)."""
+        return seed % (2**31 - num_envs)
+
     def reset(self, seed: int | None = None) -> torch.Tensor:
-        self._seed = self._seed if seed is None else seed
+        self._seed = self._seed if seed is None else self._emulator_seed(seed, self.num_envs)
         obs, info = self._env.reset(seed=self._seed)
         self._lives = info["lives"]
         self._ended[:] = False

@@ -38,13 +38,37 @@ class DeviceMapEntry(NamedTuple):
 FOLDER_CHARACTERS = "A-Za-z0-9._+=-"
 FOLDER_NAME = re.compile(f"[{FOLDER_CHARACTERS}]+")
 
+# A 32-bit seed, as gymnasium and ale-py take one; the envs' seeds derived from it are brought into ale-py's range
+# where they are handed over (envs/vector.py).
+RUN_SEED_MAX = 2**31 - 1
+MAX_RESTARTS = 1_000
+
+# Durations reach torch.distributed as whole milliseconds: an RPC timeout of 0 ms means none at all, and the store's
+# socket polls take a C int of milliseconds (at most 24.8 days). A week is far beyond any real wait.
+DURATION_S_MIN, DURATION_S_MAX = 0.001, 7 * 24 * 3600
+
+# Network sizes far beyond any real use, refused before a role allocates them: a hidden layer's weights grow with the
+# product of two widths, and the quantile loss compares every pair of a sample's quantiles (batch_size x N^2 values
+# in each of its intermediate tensors; QR-DQN used 200).
+MLP_WIDTH_MAX, MLP_LAYERS_MAX, MLP_WEIGHTS_MAX = 16_384, 16, 16_384**2
+QUANTILES_MAX = 1_000
+
+# TensorPipe starts this many threads in each process, beside its own; tens of thousands exhaust a node's thread limit.
+WORKER_THREADS_MAX = 1_024
+
+
+def require_duration(key: str, seconds: float) -> None:
+    require(DURATION_S_MIN <= seconds <= DURATION_S_MAX, key,
+            f"must be from {DURATION_S_MIN:g} to {DURATION_S_MAX:,} seconds (a week), got {seconds:g}")
+
 
 @dataclass(frozen=True)
 class RunConfig:
     name: str = ""
     """output folder `runs/<name>/`; empty derives `<game>__<config file>__s<seed>__<date-time>`"""
     seed: int = 1
-    """seed of networks, envs and exploration (each collector and env offsets it by its index)"""
+    """seed of networks, envs and exploration, from 0 to 2^31 - 1 (each collector and env offsets it by its
+    index)"""
     resume: bool = False
     """continue the run in `runs/<name>/` from its newest checkpoint: networks, optimizer, counters, schedules and
     (with learner.checkpoint_replay) the replay contents; its TensorBoard curves go on from the checkpoint's step"""
@@ -53,7 +77,7 @@ class RunConfig:
         require(self.name == "" or FOLDER_NAME.fullmatch(self.name) is not None and
                  self.name not in (".", ".."), "run.name",
                  f"must be a folder name of letters, digits and ._+=- characters, got {self.name!r}")
-        require(self.seed >= 0, "run.seed", f"must be >= 0, got {self.seed}")
+        require(0 <= self.seed <= RUN_SEED_MAX, "run.seed", f"must be from 0 to {RUN_SEED_MAX:,}, got {self.seed}")
 
 
 @dataclass(frozen=True)
@@ -63,7 +87,8 @@ class NetworkConfig:
     3x3/1, fully connected 512) or `nips` (Mnih et al. 2013: conv 16 8x8/4, conv 32 4x4/2, fully connected 256;
     about a third of the multiply-adds per sample)"""
     mlp_hidden: tuple[int, ...] = (256, 256)
-    """hidden layer widths of the Q-network for vector observations (image observations use network.torso)"""
+    """hidden layer widths of the Q-network for vector observations (image observations use network.torso): 1 to 16
+    layers of 1 to 16,384 units, with at most 16,384^2 weights between consecutive layers in all"""
     dueling: bool = False
     """a dueling head (state value + advantages, each with its own hidden layer) instead of a plain Q head"""
     precision: Literal["auto", "fp32", "bf16"] = "auto"
@@ -86,19 +111,26 @@ class NetworkConfig:
     with its own run's setting"""
 
     quantiles: int = 0
-    """0: the head gives each action's Q-value, trained on the Huber loss of its TD error; N >= 2: it gives N
-    quantiles of each action's return, at the fractions (2i + 1) / 2N, trained on the quantile Huber loss against
-    the N quantiles of the target's bootstrap (QR-DQN, Dabney et al. 2017, https://arxiv.org/abs/1710.10044; the
-    distributional part of Rainbow, as quantiles rather than C51's fixed atoms). Acting takes the mean of an action's
-    quantiles as its Q-value; prioritized replay takes each sample's quantile loss as its priority, which grows with
-    the square of an error below 1 where a TD error's grows with the error. The output layer grows N-fold, the rest
-    of the network not at all. A checkpoint's network is read back with its own run's setting"""
+    """0: the head gives each action's Q-value, trained on the Huber loss of its TD error; N from 2 to 1,000: it
+    gives N quantiles of each action's return, at the fractions (2i + 1) / 2N, trained on the quantile Huber loss
+    against the N quantiles of the target's bootstrap (QR-DQN, Dabney et al. 2017, https://arxiv.org/abs/1710.10044;
+    the distributional part of Rainbow, as quantiles rather than C51's fixed atoms). Acting takes the mean of an
+    action's quantiles as its Q-value; prioritized replay takes each sample's quantile loss as its priority, which
+    grows with the square of an error below 1 where a TD error's grows with the error. The output layer grows
+    N-fold, the rest of the network not at all. A checkpoint's network is read back with its own run's setting"""
 
     def __post_init__(self):
-        require(len(self.mlp_hidden) >= 1 and all(h >= 1 for h in self.mlp_hidden), "network.mlp_hidden",
-                 f"must be a non-empty list of widths >= 1, got {list(self.mlp_hidden)}")
-        require(self.quantiles == 0 or self.quantiles >= 2, "network.quantiles",
-                 f"must be 0 (Q-values) or a number of quantiles >= 2, got {self.quantiles}")
+        widths = self.mlp_hidden
+        got = list(widths) if len(widths) <= MLP_LAYERS_MAX else f"{len(widths):,} widths"
+        require(1 <= len(widths) <= MLP_LAYERS_MAX and all(1 <= h <= MLP_WIDTH_MAX for h in widths),
+                 "network.mlp_hidden", f"must be a list of 1 to {MLP_LAYERS_MAX} widths of 1 to {MLP_WIDTH_MAX:,}, "
+                                       f"got {got}")
+        weights = sum(a * b for a, b in zip(widths, widths[1:]))
+        require(weights <= MLP_WEIGHTS_MAX, "network.mlp_hidden",
+                 f"must have at most {MLP_WEIGHTS_MAX:,} weights between consecutive hidden layers (two layers of "
+                 f"{MLP_WIDTH_MAX:,}), got {weights:,} for {got}")
+        require(self.quantiles == 0 or 2 <= self.quantiles <= QUANTILES_MAX, "network.quantiles",
+                 f"must be 0 (Q-values) or a number of quantiles from 2 to {QUANTILES_MAX:,}, got {self.quantiles}")
 
 
 @dataclass(frozen=True)
@@ -132,11 +164,12 @@ class CollectorsConfig:
     """where each collector acts: `auto` (a node's collectors spread over its GPUs, cuda:0 when it has one, else the
     CPU), `cpu`, `cuda` (the same spread) or `cuda:N`"""
     max_restarts: int = 10
-    """times a node's launcher starts a new process for a collector that died; the new one joins the running
-    learner in the same slot. 0 = a dead collector stops the node"""
+    """times a node's launcher starts a new process for a collector that died, at most 1,000; the new one joins the
+    running learner in the same slot. 0 = a dead collector stops the node"""
 
     def __post_init__(self):
-        require(self.max_restarts >= 0, "collectors.max_restarts", f"must be >= 0, got {self.max_restarts}")
+        require(0 <= self.max_restarts <= MAX_RESTARTS, "collectors.max_restarts",
+                 f"must be from 0 to {MAX_RESTARTS:,}, got {self.max_restarts}")
         require(self.count >= 1, "collectors.count", f"must be >= 1, got {self.count}")
         require(re.fullmatch(DEVICE_PATTERN, self.device) is not None, "collectors.device",
                  f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
@@ -332,9 +365,9 @@ class TransportConfig:
     GPUDirect RDMA works. CUDA channels are used only by a CUDA build of torch"""
     rpc_timeout_s: float = 20.0
     """seconds a call (a weights broadcast, a ping, a stop) may take before its peer is taken for lost: a hung peer
-    is found within 5 s + this"""
+    is found within 5 s + this; from 0.001 to 604,800 (a week)"""
     worker_threads: int = 8
-    """threads serving incoming RPCs in each process"""
+    """threads serving incoming RPCs in each process, 2 to 1,024"""
 
     def __post_init__(self):
         transports = self.tensorpipe_transports
@@ -350,8 +383,9 @@ class TransportConfig:
         require(self.kind != "cuda" or set(channels) & set(TENSORPIPE_CUDA_CHANNELS),
                  "transport.tensorpipe_channels", f"must list a CUDA channel ({', '.join(TENSORPIPE_CUDA_CHANNELS)}) "
                                                   f"when transport.kind is cuda, got {list(channels)}")
-        require(self.rpc_timeout_s > 0, "transport.rpc_timeout_s", f"must be > 0, got {self.rpc_timeout_s}")
-        require(self.worker_threads >= 2, "transport.worker_threads", f"must be >= 2, got {self.worker_threads}")
+        require_duration("transport.rpc_timeout_s", self.rpc_timeout_s)
+        require(2 <= self.worker_threads <= WORKER_THREADS_MAX, "transport.worker_threads",
+                 f"must be from 2 to {WORKER_THREADS_MAX:,}, got {self.worker_threads}")
 
 
 @dataclass(frozen=True)
@@ -371,7 +405,7 @@ class ClusterConfig:
     """every process of the run is on this node (launch/local.sh sets it), so device maps are derived for every
     pair that talks"""
     join_timeout_s: float = 300.0
-    """seconds a process waits for the whole run to join before it gives up"""
+    """seconds a process waits for the whole run to join before it gives up; from 0.001 to 604,800 (a week)"""
 
     def __post_init__(self):
         tcp = re.fullmatch(r"tcp://[^:/\s]+:(\d{1,5})", self.init_method)
@@ -379,7 +413,7 @@ class ClusterConfig:
                  "cluster.init_method", f"must be tcp://HOST:PORT (port 1-65535) or env://, got {self.init_method!r}")
         require(self.world_size >= 0, "cluster.world_size", f"must be >= 0, got {self.world_size}")
         require(self.rank >= 0, "cluster.rank", f"must be >= 0, got {self.rank}")
-        require(self.join_timeout_s > 0, "cluster.join_timeout_s", f"must be > 0, got {self.join_timeout_s}")
+        require_duration("cluster.join_timeout_s", self.join_timeout_s)
 
 
 @dataclass(frozen=True)
@@ -456,7 +490,8 @@ class EvalConfig:
 @dataclass(frozen=True)
 class MetricsConfig:
     interval_s: float = 10.0
-    """seconds between console lines, rate scalars and system figures in TensorBoard"""
+    """seconds between console lines, rate scalars and system figures in TensorBoard; from 0.001 to 604,800 (a
+    week)"""
     histogram_every_updates: int = 10_000
     """updates between histograms of a batch's Q-values and TD errors in TensorBoard; 0 = none"""
     return_epsilon: float | None = 0.01
@@ -469,7 +504,7 @@ class MetricsConfig:
     """the env steps over which summary.json averages those episodes (250k: one iteration of Dopamine's curves)"""
 
     def __post_init__(self):
-        require(self.interval_s > 0, "metrics.interval_s", f"must be > 0, got {self.interval_s}")
+        require_duration("metrics.interval_s", self.interval_s)
         require(self.histogram_every_updates >= 0, "metrics.histogram_every_updates",
                  f"must be >= 0, got {self.histogram_every_updates}")
         require(self.return_epsilon is None or 0.0 <= self.return_epsilon <= 1.0, "metrics.return_epsilon",
@@ -559,9 +594,13 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> Config:
         raise ConfigError("config", f"{path} is a folder, not a YAML config file" if path.is_dir() else
                                     f"no such file: {path}")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        raw, twice = _read_yaml(path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError, ValueError) as e:   # ValueError: a date or number YAML cannot make
         raise ConfigError("config", f"{path} is not valid UTF-8 YAML: {str(e).splitlines()[0]}") from None
+    if twice is not None:
+        key, first, again = twice
+        raise ConfigError(key, f"is given twice in {path} (lines {first} and {again}); give it once")
+    raw = raw or {}
     if not isinstance(raw, dict):
         raise ConfigError("config", f"{path} must hold a mapping of sections ({', '.join(SECTIONS)})")
     for item in overrides:
@@ -570,6 +609,46 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> Config:
     if cfg.run.name == "":
         cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, name=default_run_name(cfg, path.stem)))
     return cfg
+
+
+def _read_yaml(text: str) -> tuple[Any, tuple[str, int, int] | None]:
+    """The YAML document, or None for an empty one, and the first key given twice in one of its mappings (dotted,
+    and its two lines), which PyYAML would otherwise read as the last value alone."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None, None
+        twice = _key_given_twice(loader, node, "", set())
+        return (None if twice else loader.construct_document(node)), twice
+    finally:
+        loader.dispose()
+
+
+def _key_given_twice(loader: yaml.SafeLoader, node: yaml.Node, path: str, seen: set[int]
+                     ) -> tuple[str, int, int] | None:
+    if id(node) in seen:   # an alias repeats a node (a recursive one would never end)
+        return None
+    seen.add(id(node))
+    if isinstance(node, yaml.SequenceNode):
+        return next(filter(None, (_key_given_twice(loader, item, path, seen) for item in node.value)), None)
+    if not isinstance(node, yaml.MappingNode):
+        return None
+    lines: dict[Any, int] = {}
+    for key_node, value_node in node.value:
+        # Keys compare as constructed, as the dict built from them would (`1` and `0x1` are one key); a merge key
+        # (`<<`) and a key that is itself a list or mapping are left to the constructor.
+        if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+            key = loader.construct_object(key_node)
+            dotted = f"{path}.{key}" if path else str(key)
+            if key in lines:
+                return dotted, lines[key], key_node.start_mark.line + 1
+            lines[key] = key_node.start_mark.line + 1
+        else:
+            dotted = path
+        if found := _key_given_twice(loader, value_node, dotted, seen):
+            return found
+    return None
 
 
 def default_run_name(cfg: Config, config_name: str) -> str:
@@ -610,9 +689,12 @@ def from_dict(raw: dict[str, Any]) -> Config:
         cls = SECTIONS[section]
         hints = typing.get_type_hints(cls)
         if section == "network" and "centered_frames" in values:   # frame_offset's earlier name, in older configs
-            values = {k: v for k, v in values.items() if k != "centered_frames"} | {
-                "frame_offset": "half" if _convert("network.centered_frames", values["centered_frames"], bool)
-                else "none"}
+            offset = "half" if _convert("network.centered_frames", values["centered_frames"], bool) else "none"
+            given = _convert("network.frame_offset", values.get("frame_offset", offset), hints["frame_offset"])
+            require(given == offset, "network.centered_frames",
+                     f"is network.frame_offset's earlier name (true = half, false = none) and says {offset}, but "
+                     f"network.frame_offset is {given}: give network.frame_offset alone")
+            values = {k: v for k, v in values.items() if k != "centered_frames"} | {"frame_offset": offset}
         kwargs = {}
         for name, value in values.items():
             key = f"{section}.{name}"

@@ -23,7 +23,7 @@ import torch
 
 from envs import EnvError, make_vector_env
 from rl_dqn import checkpoints, dqn
-from rl_dqn.config import Config, ConfigError, from_dict, to_dict
+from rl_dqn.config import RUN_SEED_MAX, Config, ConfigError, from_dict, to_dict
 from rl_dqn.console import OneLineParser
 from rl_dqn.network import QNetwork
 from rl_dqn.video import FORMATS, VideoError, VideoFile, fps_of, gif_bytes
@@ -234,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.episodes < 1:
         parser.error(f"--episodes must be >= 1, got {args.episodes}")
+    if not 0 <= args.seed <= RUN_SEED_MAX:
+        parser.error(f"--seed must be from 0 to {RUN_SEED_MAX:,}, got {args.seed}")
     if args.epsilon is not None and not 0.0 <= args.epsilon <= 1.0:
         parser.error(f"--epsilon must be in [0, 1], got {args.epsilon}")
     if args.video is not None and (args.video.suffix.lower() not in FORMATS or args.video.is_dir()):

@@ -25,6 +25,9 @@ CASES = [
     ("evaluation.py", ["{tmp}/run", "--episodes", "0"], "argument --episodes"),
     ("evaluation.py", ["{tmp}/no-such-run"], "run {tmp}/no-such-run"),
     ("evaluation.py", ["{tmp}/run"], "(the file is empty)"),   # a zero-byte checkpoint
+    ("evaluation.py", ["{tmp}/run", "--seed", "99999999999999999999"], "argument --seed"),   # past torch's seeds
+    ("random_scores.py", ["--seed", "-1"], "argument --seed"),
+    ("learning.py", [SMOKE, "--seeds", "1,2147483648"], "--seeds must be integers from 0 to 2,147,483,647"),
     ("random_scores.py", ["/nonexistent.yaml"], "config /nonexistent.yaml"),
     ("random_scores.py", ["--set", "train.lr=abc"], "--set train.lr=abc"),
     ("random_scores.py", [SMOKE, "--games", "NoSuchGame"], "--games NoSuchGame"),

@@ -75,8 +75,8 @@ def test_overrides_convert_like_a_person_means_them(tmp_path):
     ("lr=1", "lr=1", "section.key=value"),
     ("network.torso=resnet", "network.torso", "one of nature, nips"),
     ("network.precision=fp16", "network.precision", "one of auto, fp32, bf16"),
-    ("network.quantiles=1", "network.quantiles", "0 (Q-values) or a number of quantiles >= 2"),
-    ("network.quantiles=-3", "network.quantiles", "0 (Q-values) or a number of quantiles >= 2"),
+    ("network.quantiles=1", "network.quantiles", "0 (Q-values) or a number of quantiles from 2 to 1,000"),
+    ("network.quantiles=-3", "network.quantiles", "0 (Q-values) or a number of quantiles from 2 to 1,000"),
     ("eval.envs=0", "eval.envs", ">= 1"),
     ("eval.ema_updates=-1", "eval.ema_updates", ">= 0 (0 = none)"),
     ("eval.screen_episodes=-1", "eval.screen_episodes", "0 (off) or 1 to eval.episodes - 1"),
@@ -103,6 +103,22 @@ def test_overrides_convert_like_a_person_means_them(tmp_path):
     ("train.lr=2024-13-01", "train.lr", "must be a number, got '2024-13-01'"),
     ("env.id=Pong v5", "env.id", "must be a gymnasium id such as ALE/Pong-v5"),   # not blamed on run.name   # not a date YAML can make
     ("run.seed=" + "9" * 5000, "run.seed", "must be an integer"),                  # more digits than Python reads
+    # Beyond what the libraries take, refused before a role fails on it: ale-py's seeds are C ints (and torch's 64-bit)
+    ("run.seed=99999999999999999999", "run.seed", "from 0 to 2,147,483,647"),
+    ("run.seed=4294967295", "run.seed", "from 0 to 2,147,483,647"),
+    ("collectors.max_restarts=1001", "collectors.max_restarts", "from 0 to 1,000"),
+    # Sizes no machine allocates
+    ("network.mlp_hidden=[100000000000]", "network.mlp_hidden", "1 to 16 widths of 1 to 16,384, got [100000000000]"),
+    ("network.mlp_hidden=[16384, 16384, 16384]", "network.mlp_hidden", "at most 268,435,456 weights between"),
+    ("network.mlp_hidden=[" + "8, " * 17 + "8]", "network.mlp_hidden", "1 to 16 widths of 1 to 16,384, got 18 widths"),
+    ("network.quantiles=1000000000", "network.quantiles", "from 2 to 1,000"),
+    ("transport.worker_threads=100000", "transport.worker_threads", "from 2 to 1,024"),
+    # Durations that torch.distributed cannot hold in its milliseconds, or would read as no timeout at all
+    ("cluster.join_timeout_s=1e300", "cluster.join_timeout_s", "from 0.001 to 604,800 seconds (a week)"),
+    ("cluster.join_timeout_s=604801", "cluster.join_timeout_s", "from 0.001 to 604,800 seconds (a week)"),
+    ("transport.rpc_timeout_s=1e300", "transport.rpc_timeout_s", "from 0.001 to 604,800 seconds (a week)"),
+    ("transport.rpc_timeout_s=0.0001", "transport.rpc_timeout_s", "from 0.001 to 604,800 seconds (a week)"),
+    ("metrics.interval_s=1e300", "metrics.interval_s", "from 0.001 to 604,800 seconds (a week)"),
 ])
 def test_bad_values_name_their_key(override, key, allowed):
     with pytest.raises(ConfigError) as error:
@@ -116,12 +132,50 @@ def test_bad_values_name_their_key(override, key, allowed):
     ("null: 3\n", "None", "unknown key; allowed: run, env"),
     ("train: {1: 2}\n", "train.1", "unknown key; allowed: total_env_steps"),
     ("run: {seed: 2024-13-45}\n", "config", "is not valid UTF-8 YAML: month must be in 1..12"),
+    # PyYAML keeps the last of a key given twice: a section, a key or a device map's GPU, at any depth, is refused
+    ("run:\n  seed: 1\nrun:\n  seed: 2\n", "run", "is given twice in "),
+    ("train:\n  lr: 1e-4\n  lr: 2e-4\n", "train.lr", "odd.yaml (lines 2 and 3); give it once"),
+    ("transport: {device_map: {1: {0: 0, 0: 1}}}\n", "transport.device_map.1.0", "is given twice in "),
+    ("env: {frame_skip: 4, 0x1: 1, 1: 2}\n", "env.1", "(lines 1 and 1)"),     # one key in two spellings
+    # centered_frames is frame_offset's earlier name: the two may not say different things
+    ("network: {centered_frames: true, frame_offset: none}\n", "network.centered_frames",
+     "earlier name (true = half, false = none) and says half, but network.frame_offset is none"),
+    ("network: {centered_frames: false, frame_offset: background}\n", "network.centered_frames",
+     "says none, but network.frame_offset is background"),
 ])
 def test_a_config_file_with_keys_or_values_yaml_reads_oddly_names_them(text, key, allowed, tmp_path):
     (tmp_path / "odd.yaml").write_text(text)
     with pytest.raises(ConfigError) as error:
         load_config(tmp_path / "odd.yaml")
     assert error.value.key == key and allowed in str(error.value)
+
+
+def test_a_config_file_may_still_repeat_values_through_anchors_and_merge_keys(tmp_path):
+    (tmp_path / "anchors.yaml").write_text("collectors: &threads {torch_threads: 2}\neval: *threads\nnetwork:\n"
+                                           "  <<: {torso: nips}\n  torso: nature\n  centered_frames: true\n"
+                                           "  frame_offset: half\n")
+    cfg = load_config(tmp_path / "anchors.yaml")
+    assert (cfg.collectors.torch_threads, cfg.eval.torch_threads) == (2, 2)
+    assert (cfg.network.torso, cfg.network.frame_offset) == ("nature", "half")
+
+
+def test_the_largest_run_seed_and_restarts_give_seeds_ale_py_takes():
+    """ale-py seeds env k with seed + k as a C int; the seeds the roles derive from the largest run.seed (here a
+    collector's after its last restart, Collector.seed) are brought into that range where the envs take them."""
+    from types import SimpleNamespace
+    from envs import make_vector_env
+    from rl_dqn.collector import Collector
+    cfg = load_config(ROOT / "configs/smoke.yaml", [f"run.seed={2**31 - 1}", "collectors.max_restarts=1000"])
+    last = Collector.seed.fget(SimpleNamespace(cfg=cfg, index=cfg.num_collectors - 1,
+                                               incarnation=cfg.collectors.max_restarts))
+    assert last > 2**31
+    env = make_vector_env(cfg.env, cfg.env.envs_per_collector, seed=last)
+    try:
+        first = env.reset()
+        assert torch.equal(env.reset(seed=last), first)   # the same seed, the same episodes
+        env.reset(seed=2**31 - 1)
+    finally:
+        env.close()
 
 
 def test_quantiles_refuse_the_collectors_priorities_which_measure_another_error():
@@ -146,6 +200,8 @@ def _cli(*args, env=None, timeout=60):
 
 @pytest.mark.parametrize("args, key", [
     (["local", "configs/smoke.yaml", "train.bach_size=3"], "train.bach_size"),
+    (["local", "configs/smoke.yaml", "run.seed=99999999999999999999"], "run.seed"),
+    (["local", "configs/smoke.yaml", "cluster.join_timeout_s=1e300"], "cluster.join_timeout_s"),
     (["local", "configs/smoke.yaml", "env.id=ALE/Pongg-v5"], "env.id"),
     (["local", "configs/smoke.yaml", "env.id=NoSuchEnv-v0"], "env.id"),
     (["local", "configs/smoke.yaml", "env.id=PongNoFrameskip-v4"], "env.id"),     # old-style Atari id
@@ -199,6 +255,20 @@ def test_env_rendezvous_without_its_variables_is_refused_before_any_role_starts(
     err = capsys.readouterr().err
     assert err == "rl_dqn: config error: cluster.init_method: is env:// but MASTER_ADDR and MASTER_PORT are not " \
                   "set\n", err
+    assert not any(tmp_path.iterdir())
+
+
+def test_env_rendezvous_on_a_port_out_of_range_is_refused_before_the_run_folder_is_made(capsys, monkeypatch,
+                                                                                         tmp_path):
+    from rl_dqn.cli import main
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr("rl_dqn.cli.RUNS_DIR", tmp_path)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "99999")
+    assert main(["local", "configs/smoke.yaml", "cluster.init_method=env://"]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith("MASTER_PORT must be a port number from 1 to 65535, got '99999'\n") and \
+        err.count("\n") == 1, err
     assert not any(tmp_path.iterdir())
 
 

@@ -232,6 +232,14 @@ def test_play_given_a_file_that_is_no_checkpoint_says_so_without_torchs_advice_t
     assert err.count("\n") == 1 and "weights_only" not in err, err
 
 
+@pytest.mark.parametrize("seed", ["-1", "99999999999999999999"])
+def test_play_refuses_a_seed_outside_run_seeds_range(capsys, seed):
+    with pytest.raises(SystemExit) as exit_:
+        main([str(ROOT / "runs"), "--seed", seed])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"--seed must be from 0 to 2,147,483,647, got {seed}" in err, err
+
+
 @pytest.mark.parametrize("damage, reason", [("cut", "the file is cut short"), ("folder", "it is a folder"),
                                             ("list", "it holds a list, not an rl_dqn checkpoint")])
 def test_play_given_a_damaged_checkpoint_says_what_is_wrong_in_one_line(tmp_path, capsys, damage, reason):

@@ -78,8 +78,9 @@ def rendezvous_address(init_method: str, environ: dict[str, str]) -> tuple[str, 
         if missing:
             raise MembershipError(f"cluster.init_method is env:// but {' and '.join(missing)} "
                                   f"{'is' if len(missing) == 1 else 'are'} not set")
-        if not environ["MASTER_PORT"].isdigit():
-            raise MembershipError(f"MASTER_PORT must be a port number, got {environ['MASTER_PORT']!r}")
+        if not (environ["MASTER_PORT"].isdigit() and 1 <= int(environ["MASTER_PORT"]) <= 65535):
+            raise MembershipError(f"MASTER_PORT must be a port number from 1 to 65535, got "
+                                  f"{environ['MASTER_PORT']!r}")
         return environ["MASTER_ADDR"], int(environ["MASTER_PORT"])
     url = urlparse(init_method)
     return url.hostname, url.port
