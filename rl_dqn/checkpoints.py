@@ -13,7 +13,6 @@ one whole. A big file (a replay's contents) goes to disk as it is written, and s
 from __future__ import annotations
 
 import os
-import pickle
 import time
 import zipfile
 from collections.abc import Callable
@@ -97,7 +96,8 @@ def read(path: Path, mmap: bool = False) -> dict:
     CheckpointError where it is not a file of torch.save's that holds a dict."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except (RuntimeError, OSError, EOFError, pickle.UnpicklingError) as e:
+    # Bytes that are not torch.save's reach an unpickler, which can fail in any way (a text file gives KeyError).
+    except Exception as e:   # noqa: BLE001
         raise CheckpointError(path, _unreadable(path, e)) from None
     if not isinstance(state, dict):
         raise CheckpointError(path, f"it holds a {type(state).__name__}, not an rl_dqn checkpoint")
@@ -107,15 +107,16 @@ def read(path: Path, mmap: bool = False) -> dict:
 def _unreadable(path: Path, error: Exception) -> str:
     if path.is_dir():
         return "it is a folder"
-    if not path.exists():
-        return "no such file"
+    if not path.is_file() or not os.access(path, os.R_OK):   # no such file, no permission: as the system says
+        return error.strerror if isinstance(error, OSError) and error.strerror else "cannot be opened"
     if path.stat().st_size == 0:
         return "the file is empty"
     # torch.save writes a zip archive: one that begins as one but lacks its end (the central directory) was cut
     # short, as by a full disk or a copy stopped midway.
     with open(path, "rb") as f:
-        zip_start = f.read(4) == b"PK\x03\x04"
-    if zip_start and not zipfile.is_zipfile(path):
+        if f.read(4) != b"PK\x03\x04":
+            return "not a file torch.save writes (a zip archive)"
+    if not zipfile.is_zipfile(path):
         return "the file is cut short"
     if isinstance(error, OSError) and error.strerror:
         return error.strerror

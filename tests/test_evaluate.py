@@ -241,12 +241,15 @@ def test_play_refuses_a_seed_outside_run_seeds_range(capsys, seed):
 
 
 @pytest.mark.parametrize("damage, reason", [("cut", "the file is cut short"), ("folder", "it is a folder"),
-                                            ("list", "it holds a list, not an rl_dqn checkpoint")])
+                                            ("list", "it holds a list, not an rl_dqn checkpoint"),
+                                            ("text", "not a file torch.save writes (a zip archive)")])
 def test_play_given_a_damaged_checkpoint_says_what_is_wrong_in_one_line(tmp_path, capsys, damage, reason):
     path = tmp_path / "run" / "checkpoints" / "checkpoint_000000001.pt"   # the newest checkpoint of runs/run
     path.parent.mkdir(parents=True)
     if damage == "folder":
         path.mkdir()
+    elif damage == "text":
+        path.write_text("a text file, not a checkpoint")
     else:
         torch.save([1, 2] if damage == "list" else {"network": torch.zeros(10_000)}, path)
     if damage == "cut":
