@@ -96,6 +96,8 @@ def read(path: Path, mmap: bool = False) -> dict:
     CheckpointError where it is not a file of torch.save's that holds a dict."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except MemoryError:   # a file too big for this machine is not a damaged one
+        raise
     # Bytes that are not torch.save's reach an unpickler, which can fail in any way (a text file gives KeyError).
     except Exception as e:   # noqa: BLE001
         raise CheckpointError(path, _unreadable(path, e)) from None
@@ -105,6 +107,13 @@ def read(path: Path, mmap: bool = False) -> dict:
 
 
 def _unreadable(path: Path, error: Exception) -> str:
+    try:
+        return _what_is_wrong(path, error)
+    except OSError as e:   # its folder cannot be searched, say
+        return e.strerror or (error.strerror if isinstance(error, OSError) else None) or type(error).__name__
+
+
+def _what_is_wrong(path: Path, error: Exception) -> str:
     if path.is_dir():
         return "it is a folder"
     if not path.is_file() or not os.access(path, os.R_OK):   # no such file, no permission: as the system says
@@ -115,7 +124,7 @@ def _unreadable(path: Path, error: Exception) -> str:
     # short, as by a full disk or a copy stopped midway.
     with open(path, "rb") as f:
         if f.read(4) != b"PK\x03\x04":
-            return "not a file torch.save writes (a zip archive)"
+            return "not in torch.save's zip format"
     if not zipfile.is_zipfile(path):
         return "the file is cut short"
     if isinstance(error, OSError) and error.strerror:
@@ -144,8 +153,13 @@ def load(path: Path) -> tuple[dict, dict | None]:
 
 
 def replay_path(path: Path, state: dict) -> Path | None:
-    """The replay file that the checkpoint at `path`, holding `state`, names; None when it names none."""
-    return path.parent / state["replay_file"] if state.get("replay_file") else None
+    """The replay file beside the checkpoint at `path` that its `state` names; None when it names none."""
+    name = state.get("replay_file")
+    if not name:
+        return None
+    if not (isinstance(name, str) and Path(name).name == name):   # a file beside it, never one elsewhere
+        raise CheckpointError(path, f"its replay_file is {name!r}, not the name of a file beside it")
+    return path.parent / name
 
 
 def load_state(path: Path) -> dict:

@@ -270,6 +270,7 @@ def resume_check(cfg: Config) -> str | None:
         state = checkpoints.load_state(newest)
         changed = changed_on_resume(cfg, state)
         ended = finished_already(cfg, state)
+        replay = checkpoints.replay_path(newest, state)
     except checkpoints.CheckpointError as e:
         raise ConfigError("run.resume", f"cannot continue from {newest}: {e.reason}; move it aside to resume from "
                                         f"the one before it") from None
@@ -280,7 +281,6 @@ def resume_check(cfg: Config) -> str | None:
     if changed:
         raise ConfigError("run.resume", f"run {cfg.run.name} keeps its networks and game, and this config changes "
                                         f"them ({'; '.join(changed)}): drop those overrides, or start a new run.name")
-    replay = checkpoints.replay_path(newest, state)
     if ended is None and replay is not None and replay.exists():
         aside = f"move {replay.name} aside to resume with an empty replay"
         try:
@@ -482,8 +482,6 @@ def _role_error(role: str, message: str, code: int = 1) -> int:
 
 
 def _learner(cfg: Config, args) -> int:
-    import pickle
-
     import torch
     from rl_dqn import checkpoints
     from rl_dqn.learner import Learner, TrainingDiverged
@@ -525,9 +523,11 @@ def _learner(cfg: Config, args) -> int:
         checkpoint = checkpoints.newest(folder)
         try:
             learner.restore(checkpoint)
-        except (RuntimeError, ValueError, KeyError, TypeError, OSError, EOFError, pickle.UnpicklingError) as e:
+        # CheckpointError, or the networks' and optimizer's load_state_dict on what they cannot take.
+        except (RuntimeError, ValueError, KeyError, TypeError) as e:
             learner.report.close()
-            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            reason = e.reason if isinstance(e, checkpoints.CheckpointError) else \
+                (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise ConfigError("run.resume", f"cannot continue from {checkpoint}: {reason}") from None
     save_config(learner.config_as_run(), folder / "config.yaml")
     learner.report.write_run_info(sys.argv, resumed=cfg.run.resume)

@@ -38,8 +38,8 @@ class DeviceMapEntry(NamedTuple):
 FOLDER_CHARACTERS = "A-Za-z0-9._+=-"
 FOLDER_NAME = re.compile(f"[{FOLDER_CHARACTERS}]+")
 
-# A 32-bit seed, as gymnasium and ale-py take one; the envs' seeds derived from it are brought into ale-py's range
-# where they are handed over (envs/vector.py).
+# A 32-bit seed, as RL seeds go; ale-py takes each env's seed as a C int, and the envs' seeds derived from run.seed
+# are brought into that range where they are handed over (envs/vector.py).
 RUN_SEED_MAX = 2**31 - 1
 MAX_RESTARTS = 1_000
 

@@ -255,8 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as e:
         return _fail(str(e))
     except checkpoints.CheckpointError as e:
-        return _fail(f"{checkpoint} is not an rl_dqn checkpoint (a run folder, runs/<name>, or a .pt file of its "
-                     f"checkpoints/): {e.reason}")
+        return _fail(f"cannot play {checkpoint}: {e.reason} (play takes a run folder, runs/<name>, or a .pt file "
+                     f"of its checkpoints/)")
     if args.max_episode_frames is not None and args.max_episode_frames < cfg.env.frame_skip:
         parser.error(f"--max-episode-frames must be >= the run's env.frame_skip ({cfg.env.frame_skip}), got "
                      f"{args.max_episode_frames}")

@@ -45,6 +45,9 @@ BY_MINUTES = "-minutes"   # a benchmark read against a base is drawn against env
 CURVE = "eval.csv"
 COLUMNS = ("env_steps", "wall_s", "mean", "std", "episodes")
 RECORD_FILES = ("config.yaml", "run.json", "summary.json", CURVE)
+# What the page reads of a record's config, each an integer but env.id.
+RECORD_CONFIG_KEYS = (("run", "seed"), ("eval", "episodes"), ("eval", "every_env_steps"), ("env", "id"))
+BENCHMARK_KEYS = ("title", "about", "command")   # what a benchmark.yaml must give; the rest have defaults
 # Optional in a record: its run's final weights played in whole games (benchmarks/whole_games.py), where the run's
 # evaluation cut its episodes shorter than the games the baselines score.
 WHOLE_GAMES = "whole_games.json"
@@ -207,9 +210,6 @@ def benchmarks(results: Path = RESULTS) -> list[Benchmark]:
     return sorted(found, key=lambda b: (b.order, b.name))
 
 
-BENCHMARK_KEYS = ("title", "about", "command")   # what a benchmark.yaml must give; the rest have defaults
-
-
 def _one_line(error: Exception) -> str:
     """A parser's error as one line: YAML's names the line and column of its problem."""
     if isinstance(error, yaml.MarkedYAMLError) and error.problem_mark is not None:
@@ -270,10 +270,6 @@ def _config(record_dir: Path) -> dict:
     except OSError:
         raise ResultsError(f"{path}: no such file (a record keeps the config its run ran)") from None
     return _parsed(path, stat.st_mtime_ns, stat.st_size)
-
-
-# What the page reads of a record's config, each an integer but env.id.
-RECORD_CONFIG_KEYS = (("run", "seed"), ("eval", "episodes"), ("eval", "every_env_steps"), ("env", "id"))
 
 
 @functools.lru_cache(maxsize=4096)

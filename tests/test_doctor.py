@@ -63,8 +63,8 @@ def test_the_quick_start_config_can_run_here_and_the_report_says_on_what(tmp_pat
                  marks=no_gpu),
     # What the launchers refuse before they start anything, the doctor refuses too.
     (["configs/cartpole.yaml", "eval.video=true"], "eval.video: videos are recorded from Atari games"),
-    (["configs/cartpole.yaml", "run.name=taken"], "run.name: "),
-    (["configs/cartpole.yaml", "run.name=nothing", "run.resume=true"], "run.resume: "),
+    (["configs/cartpole.yaml", "run.name=taken"], "run.name: {runs}/taken already holds a run"),
+    (["configs/cartpole.yaml", "run.name=nothing", "run.resume=true"], "run.resume: {runs}/nothing holds no checkpoint"),
     (["configs/cartpole.yaml", "run.name=broken", "run.resume=true"], "run.resume: cannot continue from "),
 ])
 def test_a_config_that_cannot_run_here_exits_2_with_a_line_per_problem(doctor_here, tmp_path, args, problem):
@@ -74,7 +74,7 @@ def test_a_config_that_cannot_run_here_exits_2_with_a_line_per_problem(doctor_he
     (tmp_path / "broken" / "checkpoints" / "checkpoint_000000001.pt").write_bytes(b"PK\x03\x04 cut")
     code, _, err = doctor_here(*args)
     assert code == 2
-    assert err.startswith(f"doctor: {problem}") and len(err.strip().splitlines()) == 1
+    assert err.startswith(f"doctor: {problem.format(runs=tmp_path)}") and len(err.strip().splitlines()) == 1
 
 
 @no_gpu

@@ -228,7 +228,8 @@ def test_evaluation_steps_its_envs_on_eval_threads_and_acts_on_eval_device(devic
 def test_play_given_a_file_that_is_no_checkpoint_says_so_without_torchs_advice_to_load_it_unsafely(capsys):
     assert main([str(ROOT / "configs/smoke.yaml")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"play: error: {ROOT / 'configs/smoke.yaml'} is not an rl_dqn checkpoint (a run folder, ")
+    assert err.startswith(f"play: error: cannot play {ROOT / 'configs/smoke.yaml'}: not in torch.save's zip format "
+                          f"(play takes a run folder, ")
     assert err.count("\n") == 1 and "weights_only" not in err, err
 
 
@@ -242,7 +243,7 @@ def test_play_refuses_a_seed_outside_run_seeds_range(capsys, seed):
 
 @pytest.mark.parametrize("damage, reason", [("cut", "the file is cut short"), ("folder", "it is a folder"),
                                             ("list", "it holds a list, not an rl_dqn checkpoint"),
-                                            ("text", "not a file torch.save writes (a zip archive)")])
+                                            ("text", "not in torch.save's zip format")])
 def test_play_given_a_damaged_checkpoint_says_what_is_wrong_in_one_line(tmp_path, capsys, damage, reason):
     path = tmp_path / "run" / "checkpoints" / "checkpoint_000000001.pt"   # the newest checkpoint of runs/run
     path.parent.mkdir(parents=True)
@@ -256,5 +257,5 @@ def test_play_given_a_damaged_checkpoint_says_what_is_wrong_in_one_line(tmp_path
         path.write_bytes(path.read_bytes()[:5000])
     assert main([str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
-    assert err == f"play: error: {path} is not an rl_dqn checkpoint (a run folder, runs/<name>, or a .pt file of " \
-                  f"its checkpoints/): {reason}\n", err
+    assert err == f"play: error: cannot play {path}: {reason} (play takes a run folder, runs/<name>, or a .pt file " \
+                  f"of its checkpoints/)\n", err

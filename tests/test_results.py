@@ -106,17 +106,22 @@ def test_what_cannot_be_recorded_is_refused_with_one_line(store):
 
 
 @pytest.mark.parametrize("given", ["pong_here/", "results/pong_here", "../results/pong_here", "./pong_here"])
-def test_a_benchmark_given_as_a_path_is_refused_in_one_line_naming_what_a_benchmark_name_is(store, capsys, given):
+def test_a_benchmark_given_as_a_path_is_refused_in_one_line_naming_what_a_benchmark_name_is(store, capsys, given,
+                                                                                          monkeypatch):
     run = finished_run(store / "runs", "pong-s1", 1, [(50_000, 130.0, -20.0, 0.0, 5)])
     with pytest.raises(results.ResultsError, match=f"benchmark '{given}' is not a benchmark's name: give the name of "
                                                    f"its folder in .*, with no path or slash \\(did you mean "
                                                    f"pong_here\\?\\)"):
         results.record(run, given, store / "results")
     assert sorted(p.name for p in (store / "results" / "pong_here").iterdir()) == ["benchmark.yaml"]
-    # The command: one line and exit code 2, before it reads the run.
-    assert results.main(["record", str(run), "cartpole/"]) == 2
+    # The command: one line and exit code 2, before it reads the run (its results/ the test's own).
+    monkeypatch.setattr(results, "RESULTS", store / "results")
+    monkeypatch.setattr(results.record, "__defaults__", (store / "results",))
+    assert results.main(["record", str(run), "pong_here/"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("results: error: benchmark 'cartpole/' is not a benchmark's name") and err.count("\n") == 1
+    assert err.startswith("results: error: benchmark 'pong_here/' is not a benchmark's name") and \
+        err.count("\n") == 1, err
+    assert sorted(p.name for p in (store / "results" / "pong_here").iterdir()) == ["benchmark.yaml"]
 
 
 def _damage(store: Path, how: str) -> str:

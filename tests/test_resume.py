@@ -204,12 +204,15 @@ def test_a_resume_whose_replay_does_not_fit_the_config_is_refused_before_any_rol
 
 @pytest.mark.parametrize("saved, reason", [([1, 2], "it holds a list, not an rl_dqn checkpoint"),
                                            ({"a": 1}, "not a learner checkpoint (it has no network, target, "),
-                                           ("cut", "the file is cut short")])
+                                           ("cut", "the file is cut short"),
+                                           ("elsewhere", "its replay_file is '../../x.pt', not the name of a file ")])
 def test_a_checkpoint_that_reads_but_is_no_learners_is_one_line_and_exit_2(tmp_path, saved, reason):
     run, _ = _a_run_with_a_checkpoint(tmp_path)
     newest = checkpoints.newest(run)
     if saved == "cut":
         newest.write_bytes(newest.read_bytes()[:5000])
+    elif saved == "elsewhere":
+        torch.save(torch.load(newest, weights_only=True) | {"replay_file": "../../x.pt"}, newest)
     else:
         torch.save(saved, newest)
     result = subprocess.run([sys.executable, "-m", "rl_dqn", "local", "configs/cartpole.yaml", "run.name=t",
