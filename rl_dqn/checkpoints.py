@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from rl_dqn.console import first_line
+
 BEST = "best.pt"
 
 
@@ -129,7 +131,7 @@ def _what_is_wrong(path: Path, error: Exception) -> str:
         return "the file is cut short"
     if isinstance(error, OSError) and error.strerror:
         return error.strerror
-    reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    reason = first_line(error) or type(error).__name__
     if reason.startswith("Weights only load failed"):   # torch's advice to load it unsafely: not for a user here
         return "not a file torch.save wrote with tensors and plain data only"
     return reason

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from rl_dqn.config import Config, ConfigError, load_config, save_config, to_dict
-from rl_dqn.console import (LAUNCHED_AT_ENV, PROGRESS_ENV, PROGRESS_MARK, OneLineParser, StartupClock,
+from rl_dqn.console import (LAUNCHED_AT_ENV, PROGRESS_ENV, PROGRESS_MARK, OneLineParser, StartupClock, first_line,
                             launched_at, say)
 from rl_dqn.supervisor import EXIT_BAD_INPUT, EXIT_LEARNER_LOST, GATE_ENV, GO, SAVING, free_port
 
@@ -526,8 +526,7 @@ def _learner(cfg: Config, args) -> int:
         # CheckpointError, or the networks' and optimizer's load_state_dict on what they cannot take.
         except (RuntimeError, ValueError, KeyError, TypeError) as e:
             learner.report.close()
-            reason = e.reason if isinstance(e, checkpoints.CheckpointError) else \
-                (str(e).strip().splitlines() or [type(e).__name__])[0]
+            reason = e.reason if isinstance(e, checkpoints.CheckpointError) else first_line(e) or type(e).__name__
             raise ConfigError("run.resume", f"cannot continue from {checkpoint}: {reason}") from None
     save_config(learner.config_as_run(), folder / "config.yaml")
     learner.report.write_run_info(sys.argv, resumed=cfg.run.resume)

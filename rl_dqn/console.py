@@ -97,6 +97,12 @@ def launched_at() -> float | None:
         return None
 
 
+def first_line(error: BaseException) -> str:
+    """An error's message as one line: its first ("" where it has none); load_state_dict's, YAML's and torch's run
+    over several."""
+    return (str(error).strip().splitlines() or [""])[0]
+
+
 def proc_stat(pid: int | str = "self") -> list[str]:
     """/proc/<pid>/stat's fields from the state on (field 3), past the command name, which may hold spaces and
     parentheses: [0] the state, [1] the parent's pid, [19] the start in clock ticks since boot. OSError where the

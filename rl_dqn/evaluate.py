@@ -24,7 +24,7 @@ import torch
 from envs import EnvError, make_vector_env
 from rl_dqn import checkpoints, dqn
 from rl_dqn.config import RUN_SEED_MAX, Config, ConfigError, from_dict, to_dict
-from rl_dqn.console import OneLineParser
+from rl_dqn.console import OneLineParser, first_line
 from rl_dqn.network import QNetwork
 from rl_dqn.video import FORMATS, VideoError, VideoFile, fps_of, gif_bytes
 
@@ -97,9 +97,8 @@ def load_player(checkpoint: Path) -> tuple[Config, QNetwork]:
         network = QNetwork.for_env(tuple(spec["obs_shape"]), spec["num_actions"], cfg.network, "cpu")
         network.load_state_dict(state["network"])
     except (ConfigError, RuntimeError, KeyError, TypeError, ValueError) as e:   # load_state_dict's run over lines
-        why = (str(e).strip().splitlines() or [""])[0]
         raise checkpoints.CheckpointError(checkpoint, f"its network cannot be rebuilt ({type(e).__name__}: "
-                                                      f"{why})") from None
+                                                      f"{first_line(e)})") from None
     return cfg, network.for_acting()
 
 
@@ -200,7 +199,7 @@ def _evaluator_main(cfg_dict: dict, requests, results) -> None:
             results.put((env_steps, elapsed_s, version, scores, video, time.monotonic() - started,
                          time.process_time() - cpu))
     except Exception as e:  # noqa: BLE001 - reported to the learner as one line
-        results.put(f"evaluator failed: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}")
+        results.put(f"evaluator failed: {type(e).__name__}: {first_line(e)}")
     finally:
         for env in envs:
             env.close()

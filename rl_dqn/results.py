@@ -33,7 +33,7 @@ from typing import NamedTuple
 import yaml
 
 from envs.config import game_of
-from rl_dqn.console import OneLineParser, duration
+from rl_dqn.console import OneLineParser, duration, first_line
 from rl_dqn.plot import EvalPoint, PlotError, aligned, draw, draw_games, first_reaching, read_evals
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +44,8 @@ BY_MINUTES = "-minutes"   # a benchmark read against a base is drawn against env
                           # <name>-minutes.png against wall minutes
 CURVE = "eval.csv"
 COLUMNS = ("env_steps", "wall_s", "mean", "std", "episodes")
-RECORD_FILES = ("config.yaml", "run.json", "summary.json", CURVE)
+RUN_FILES = ("config.yaml", "run.json", "summary.json")   # what a record copies from its run
+RECORD_FILES = (*RUN_FILES, CURVE)
 # What the page reads of a record's config, each an integer but env.id.
 RECORD_CONFIG_KEYS = (("run", "seed"), ("eval", "episodes"), ("eval", "every_env_steps"), ("env", "id"))
 BENCHMARK_KEYS = ("title", "about", "command")   # what a benchmark.yaml must give; the rest have defaults
@@ -95,7 +96,7 @@ def record(run_dir: Path, benchmark: str, results: Path = RESULTS) -> Path:
         known = ", ".join(sorted(p.parent.name for p in results.glob("*/benchmark.yaml"))) or "none yet"
         raise ResultsError(f"no benchmark {benchmark!r} in {results} (a folder with a benchmark.yaml; there are: "
                            f"{known})")
-    missing = [name for name in ("config.yaml", "run.json", "summary.json") if not (run_dir / name).is_file()]
+    missing = [name for name in RUN_FILES if not (run_dir / name).is_file()]
     if missing:
         raise ResultsError(f"{run_dir} is not a finished run: it has no {', '.join(missing)}")
     target = folder / run_dir.name
@@ -108,7 +109,7 @@ def record(run_dir: Path, benchmark: str, results: Path = RESULTS) -> Path:
         _json(run_dir / "summary.json").get("ended")
     except (yaml.YAMLError, ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as e:
         raise ResultsError(f"{run_dir} is not a finished run of rl_dqn: its config.yaml, run.json or summary.json "
-                           f"cannot be read ({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''})"
+                           f"cannot be read ({type(e).__name__}: {first_line(e)})"
                            ) from None
     (bench,) = [b for b in benchmarks(results) if b.name == benchmark]
     ran, asked = _config_named(" ".join(map(str, command))), _config_named(bench.command)
@@ -123,7 +124,7 @@ def record(run_dir: Path, benchmark: str, results: Path = RESULTS) -> Path:
     partial = folder / f".{run_dir.name}.partial"
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
-    for name in ("config.yaml", "run.json", "summary.json"):
+    for name in RUN_FILES:
         shutil.copyfile(run_dir / name, partial / name)
     with open(partial / CURVE, "w", newline="") as out:
         writer = csv.writer(out)

@@ -16,6 +16,7 @@ import torch
 from envs import EnvSpec
 from rl_dqn import dqn
 from rl_dqn.config import Config
+from rl_dqn.console import first_line
 from rl_dqn.network import QNetwork
 from rl_dqn.replay import ReplayMemory
 from rl_dqn.types import Weights
@@ -37,7 +38,7 @@ class Update(NamedTuple):
 
 def _described(error: Exception) -> str:
     """`error` in one line: its type, its message's first line and the line of this package that raised it."""
-    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    message = first_line(error)
     ours = [frame for frame in traceback.extract_tb(error.__traceback__)
             if Path(frame.filename).parent.name == "rl_dqn"]
     where = f" (at rl_dqn/{Path(ours[-1].filename).name}:{ours[-1].lineno})" if ours else ""

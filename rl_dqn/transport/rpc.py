@@ -33,6 +33,7 @@ import torch.distributed.rpc as rpc
 from torch.futures import Future
 
 from rl_dqn.config import Config
+from rl_dqn.console import first_line
 from rl_dqn.transport import membership
 from rl_dqn.transport.devices import LEARNER_RANK, Placement, slot_of, worker_name
 from rl_dqn.transport.endpoints import Change, Membership, Standing
@@ -225,10 +226,9 @@ def _on_cpu(message):
 
 def _reason(error: BaseException) -> str:
     """The first line of an RPC error, without TensorPipe's source location; a timeout said as such."""
-    text = str(error).strip()
+    text = first_line(error).split(" (this error originated at")[0]
     if not text:
         return type(error).__name__
-    text = text.splitlines()[0].split(" (this error originated at")[0]
     if "RPC ran for more than set timeout" in text:
         return "no answer within transport.rpc_timeout_s (hung, or too slow)"
     return text
