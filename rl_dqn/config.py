@@ -41,6 +41,7 @@ FOLDER_NAME = re.compile(f"[{FOLDER_CHARACTERS}]+")
 # A 32-bit seed, as RL seeds go; ale-py takes each env's seed as a C int, and the envs' seeds derived from run.seed
 # are brought into that range where they are handed over (envs/vector.py).
 RUN_SEED_MAX = 2**31 - 1
+INT_MAX = 2**63 - 1   # any integer key
 MAX_RESTARTS = 1_000
 
 # Durations reach torch.distributed as whole milliseconds: an RPC timeout of 0 ms means none at all, and the store's
@@ -663,7 +664,9 @@ def _apply_override(raw: dict, item: str) -> None:
     if not sep or "." not in key:
         raise ConfigError(item, "overrides take the form section.key=value, e.g. train.lr=1e-4")
     section, _, name = key.partition(".")
-    if not isinstance(raw.get(section, {}), dict):
+    if raw.get(section) is None:   # a section left empty in the file (`eval:` with nothing under it) reads as null
+        raw[section] = {}
+    if not isinstance(raw[section], dict):
         raise ConfigError(section, "must be a mapping of keys")
     try:
         value = yaml.safe_load(text) if text != "" else ""
@@ -702,6 +705,11 @@ def from_dict(raw: dict[str, Any]) -> Config:
                 raise ConfigError(key, _unknown(name, hints))
             kwargs[name] = _convert(key, value, hints[name])
         sections[section] = cls(**kwargs)
+        # After the section's own bounds, which say more: what tensors and TensorBoard count in (a longer integer
+        # would fail in a role, after the run has started).
+        for name, value in kwargs.items():
+            require(not isinstance(value, int) or abs(value) <= INT_MAX, f"{section}.{name}",
+                    f"must be an integer of at most {INT_MAX:,} (2^63 - 1), got {value!r}")
     return Config(**sections)
 
 
@@ -730,12 +738,12 @@ def _convert(key: str, value: Any, tp: Any) -> Any:
         return value
     if tp is int:
         number = _number(value)
-        require(number is not None and math.isfinite(number) and float(number).is_integer(), key,
-                 f"must be an integer, got {value!r}")
+        require(isinstance(number, int) or number is not None and math.isfinite(number) and number.is_integer(),
+                key, f"must be an integer, got {value!r}")
         return int(number)
     if tp is float:
         number = _number(value)
-        require(number is not None and math.isfinite(number), key, f"must be a number, got {value!r}")
+        require(number is not None and math.isfinite(_float(number)), key, f"must be a number, got {value!r}")
         return float(number)
     if tp is str:
         require(isinstance(value, str), key, f"must be a string, got {value!r}")
@@ -786,6 +794,14 @@ def _gpu_index(value: Any) -> int | None:
 
 def device_map_text(entries: tuple[DeviceMapEntry, ...]) -> str:
     return ",".join(f"{e.peer}_{e.local_gpu}_{e.peer_gpu}" for e in entries)
+
+
+def _float(number: float | int) -> float:
+    """`number` as a float; an int too long for one (hundreds of digits) as infinity, which no field takes."""
+    try:
+        return float(number)
+    except OverflowError:
+        return math.inf
 
 
 def _number(value: Any) -> float | int | None:

@@ -107,6 +107,10 @@ def test_overrides_convert_like_a_person_means_them(tmp_path):
     ("run.seed=99999999999999999999", "run.seed", "from 0 to 2,147,483,647"),
     ("run.seed=4294967295", "run.seed", "from 0 to 2,147,483,647"),
     ("collectors.max_restarts=1001", "collectors.max_restarts", "from 0 to 1,000"),
+    # Integers beyond what tensors and TensorBoard count in, and numbers too long for a float
+    ("train.total_env_steps=" + "1" * 400, "train.total_env_steps", "at most 9,223,372,036,854,775,807 (2^63 - 1)"),
+    ("train.total_env_steps=9223372036854775808", "train.total_env_steps", "at most 9,223,372,036,854,775,807"),
+    ("train.lr=" + "1" * 400, "train.lr", "must be a number, got 1111"),
     # Sizes no machine allocates
     ("network.mlp_hidden=[100000000000]", "network.mlp_hidden", "1 to 16 widths of 1 to 16,384, got [100000000000]"),
     ("network.mlp_hidden=[16384, 16384, 16384]", "network.mlp_hidden", "at most 268,435,456 weights between"),
@@ -148,6 +152,11 @@ def test_a_config_file_with_keys_or_values_yaml_reads_oddly_names_them(text, key
     with pytest.raises(ConfigError) as error:
         load_config(tmp_path / "odd.yaml")
     assert error.value.key == key and allowed in str(error.value)
+
+
+def test_an_override_fills_a_section_the_file_leaves_empty(tmp_path):
+    (tmp_path / "empty.yaml").write_text("eval:\nenv:\n  id: CartPole-v1\n")   # `eval:` reads as null
+    assert load_config(tmp_path / "empty.yaml", ["eval.episodes=5"]).eval.episodes == 5
 
 
 def test_a_config_file_may_still_repeat_values_through_anchors_and_merge_keys(tmp_path):
