@@ -43,6 +43,7 @@ class Batch(NamedTuple):
     next_obs: torch.Tensor     # [B, S, *frame_shape]: the observation m steps later
     discounts: torch.Tensor    # [B] float32: gamma^m, or 0 when the episode terminated within the m steps
     index: torch.Tensor        # [B] int64: where each transition sits (for update_priorities)
+    tick: torch.Tensor         # [B] int64: each transition's step in its lane, counted from the lane's first write
     weights: torch.Tensor      # [B] float32: importance-sampling weights (ones for uniform replay)
 
 
@@ -57,7 +58,7 @@ def bytes_needed(capacity: int, frame_shape: tuple[int, ...], frame_dtype: torch
 
 
 class ReplayMemory:
-    """extend(lanes, chunk), sample(batch_size) -> Batch, update_priorities(index, td_errors), len()."""
+    """extend(first_lane, chunk), sample(batch_size) -> Batch, update_priorities(index, td_errors, tick), len()."""
 
     def __init__(self, capacity: int, num_lanes: int, frame_shape: tuple[int, ...], frame_dtype: torch.dtype,
                  frame_stack: int, replay_device: torch.device | str = "cpu", n_step: int = 1, gamma: float = 0.99,
@@ -264,13 +265,23 @@ class ReplayMemory:
             weights = torch.ones(batch_size, device=self.device)
         return self._gather(lane, tick, index, weights, n_step)
 
-    def update_priorities(self, index: torch.Tensor, td_errors: torch.Tensor) -> None:
-        """New priorities from the absolute TD errors of a sampled batch (no-op for uniform replay)."""
+    def update_priorities(self, index: torch.Tensor, td_errors: torch.Tensor, tick: torch.Tensor | None = None
+                          ) -> None:
+        """New priorities from the absolute TD errors of a sampled batch (no-op for uniform replay). With `tick`
+        (the batch's Batch.tick), an entry that is no longer the one drawn there, or no longer drawable, keeps the
+        priority extend() gave it: learner.overlap draws the next batch before the chunks that come in meanwhile
+        enter, and those may overwrite what it drew, or take a frame from its stack."""
         if not self.prioritized:
             return
         errors = td_errors.detach().abs().double()
         self._raise_max_priority(errors)
-        self.tree.set(index, self._priority(errors))
+        priority = self._priority(errors)
+        if tick is not None:
+            lane = index // self.lane_capacity
+            low, count = self._sample_range()
+            drawn = (tick >= low[lane]) & (tick < low[lane] + count[lane])
+            priority = torch.where(drawn, priority, self.tree.get(index))
+        self.tree.set(index, priority)
 
     def _raise_max_priority(self, abs_td: torch.Tensor) -> None:
         """max_priority rises to the largest |TD error| + eps of `abs_td`, in place: a captured CUDA graph reads and
@@ -330,4 +341,4 @@ class ReplayMemory:
         if weights is None:
             weights = torch.ones(len(tick), device=self.device)
         obs, next_obs = self._stack(lane, torch.stack([tick, next_tick]))   # both in one gather
-        return Batch(obs, self.actions[lane, k], returns, next_obs, discounts, index, weights)
+        return Batch(obs, self.actions[lane, k], returns, next_obs, discounts, index, tick, weights)

@@ -139,12 +139,13 @@ class Trainer:
         cores, which on a small CPU wastes less than splitting every operation over all of them. The helper is idle
         again when it returns, so replay inserts, checkpoints and target refreshes never run beside it."""
         t = self.cfg.train
-        batch, inputs, next_inputs, next_target = self._take_prepared() or self._prepare_batch()
+        prepared = self._take_prepared()
+        batch, inputs, next_inputs, next_target = prepared or self._prepare_batch()
         beside = self._helper.submit(self._values_beside, inputs, next_inputs) \
             if self._helper is not None and (t.double or t.munchausen_alpha) else None   # Nature DQN's: nothing
         q = self._taken(inputs, batch.actions)
         online, now_target = beside.result() if beside is not None else self._values_beside(inputs, next_inputs)
-        targets, loss = self._loss(batch, q, online, next_target, now_target)
+        targets, loss = self._loss(batch, q, online, next_target, now_target, drawn_before_chunks=bool(prepared))
         # Not across a target refresh: the prepared batch's targets would come from the old target network.
         if self._helper is not None and (self.updates + 1) % t.target_update_updates != 0:
             self._generator_before_prepared = self.generator.get_state()
@@ -178,7 +179,7 @@ class Trainer:
                     self._target_values(inputs) if t.munchausen_alpha else None)
 
     def _loss(self, batch, q: torch.Tensor, next_online: torch.Tensor | None, next_target: torch.Tensor,
-              now_target: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+              now_target: torch.Tensor | None, drawn_before_chunks: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """The TD targets and the loss of Q(s, a) `q` (with network.quantiles, of its quantiles against the
         target's), from the online network's values of s' `next_online` (Double DQN's), the target network's of s'
         `next_target` and of s `now_target` (Munchausen's); the batch's new priorities go into the replay (before
@@ -200,7 +201,9 @@ class Trainer:
             loss, errors = dqn.quantile_huber_loss(q, targets, weights)
         else:
             loss, errors = dqn.td_loss(q, targets, weights), q.detach() - targets
-        self.replay.update_priorities(batch.index, errors)
+        # A batch prepared during the last update was drawn before the chunks that have entered since, which may
+        # have overwritten what it drew: update_priorities() checks each entry against its step (batch.tick).
+        self.replay.update_priorities(batch.index, errors, batch.tick if drawn_before_chunks else None)
         return targets, loss
 
     def _result(self, q: torch.Tensor, targets: torch.Tensor, loss: torch.Tensor) -> Update:

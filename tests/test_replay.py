@@ -175,6 +175,24 @@ def test_a_lane_that_wraps_never_draws_a_stack_it_lost():
         assert drawable == {k + 1 for k in range(low, written - 2)}, (start, drawable)
 
 
+def test_new_priorities_skip_what_a_chunk_has_overwritten_or_made_undrawable_since_the_draw():
+    # learner.overlap draws the next batch before the chunks that came in meanwhile enter. Ticks 0..11 fill the
+    # lane, and ticks 0..9 are drawn; ticks 12..15 then overwrite positions 0..3: 12 and 13 are new entries that are
+    # drawable, 14 and 15 wait for their n steps, and 4 and 5 lost a frame of their stacks.
+    replay = ReplayMemory(capacity=12, num_lanes=1, frame_shape=(1,), frame_dtype=torch.float32, frame_stack=3,
+                          n_step=2, gamma=0.5, prioritized=True, alpha=1.0, priority_eps=1e-12)
+    for start in range(0, 12, 4):
+        replay.extend(0, hand_chunk(list(range(start + 1, start + 5)), first=[start == 0, 0, 0, 0]))
+    batch = replay._gather(torch.zeros(10, dtype=torch.int64), torch.arange(10))
+    replay.extend(0, hand_chunk([13, 14, 15, 16], first=[0, 0, 0, 0]))
+    replay.update_priorities(batch.index, torch.full((10,), 3.0), batch.tick)
+    # Positions 0, 1: the chunk's new entries at the memory's largest priority then (1); 2..5: not drawable;
+    # 6..9: the drawn entries, still there, at their TD errors.
+    assert replay.tree.get(torch.arange(10)).tolist() == pytest.approx([1, 1, 0, 0, 0, 0, 3, 3, 3, 3])
+    drawn = {int(o[-1]) - 1 for o in replay.sample(256, torch.Generator().manual_seed(0)).obs.flatten(1)}
+    assert drawn == {6, 7, 8, 9, 10, 11, 12, 13}
+
+
 def test_a_saved_memory_holds_what_was_written_and_restores_to_the_same_draws(tmp_path):
     def memory():
         return ReplayMemory(capacity=2_000, num_lanes=2, frame_shape=(84, 84), frame_dtype=torch.uint8,

@@ -337,7 +337,8 @@ def test_quantile_updates_learn_the_chain_values_in_every_quantile(tmp_path, ove
         learner.intake.ingest(chain_chunk(seq % 2, seq // 2, episodes=10))
     seen = []
     original = learner.trainer.replay.update_priorities
-    learner.trainer.replay.update_priorities = lambda index, errors: (seen.append(errors), original(index, errors))
+    learner.trainer.replay.update_priorities = lambda index, errors, tick: (seen.append(errors),
+                                                                            original(index, errors, tick))
     for _ in range(600):
         learner.step()
     with torch.no_grad():
@@ -492,6 +493,28 @@ def test_preparing_the_next_batch_beside_training_changes_no_update(tmp_path):
     assert torch.equal(overlapped.trainer.replay.tree.levels[0], plain.trainer.replay.tree.levels[0])
     fresh = make_learner(tmp_path / "new")
     assert not torch.equal(overlapped.trainer.network.head.weight, fresh.trainer.network.head.weight)
+
+
+def test_with_overlap_only_drawable_entries_hold_a_priority_as_chunks_come_in_between_updates(tmp_path):
+    """learner.overlap draws each next batch before the chunks that come in meanwhile overwrite the lanes: its new
+    priorities must not make drawable again what those chunks wrote (entries waiting for their n steps) or any
+    entry that is no longer there. A replay of 70 steps per lane wraps every other chunk."""
+    learner = make_learner(tmp_path, "learner.overlap=true", "train.replay_capacity=280", "train.n_step=3")
+    replay = learner.trainer.replay
+    assert learner.trainer._helper is not None and replay.prioritized
+    cap, lanes = replay.lane_capacity, torch.arange(replay.num_lanes)[:, None]
+    for seq in range(12):
+        for collector in range(2):
+            learner.intake.ingest(chain_chunk(collector, seq, episodes=10))
+        for _ in range(3 if replay.ready else 0):
+            learner.step()
+        # Each position's entry, by its step in the lane; drawable when its stack and n steps are stored and its
+        # step is not an episode's final observation.
+        newest = replay.written[:, None] - 1
+        tick = newest - (newest - torch.arange(cap)) % cap
+        low, count = replay._sample_range()
+        drawable = (tick >= low[:, None]) & (tick < (low + count)[:, None]) & ~replay.first[lanes, (tick + 1) % cap]
+        assert torch.equal(replay.tree.get(torch.arange(replay.num_lanes * cap)).view(-1, cap) > 0, drawable), seq
 
 
 def test_the_learner_shares_the_cores_out_among_its_compute_threads(monkeypatch):
