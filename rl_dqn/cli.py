@@ -25,6 +25,7 @@ import faulthandler
 import importlib
 import json
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -534,6 +535,10 @@ def _learner(cfg: Config, args) -> int:
         learner.run(LearnerTransport(cfg, stop, placement))
     except (TransportError, TrainingDiverged) as e:
         learner.close()
+        if learner.ended is None and not cfg.run.resume:
+            # The run never began (its rendezvous or first publish failed): nothing was collected or learned, and
+            # without its folder the same command starts it again.
+            shutil.rmtree(folder, ignore_errors=True)
         return _role_error("learner", str(e))
     how = {"total_env_steps": "done", "stop_score": "reached eval.stop_score"}.get(learner.ended,
                                                                                   "stopped on a signal")

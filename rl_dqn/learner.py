@@ -123,13 +123,13 @@ class Learner:
         say("learner", f"training on {self.device} in {precision}, replay {self.cfg.train.replay_capacity:,} "
                        f"transitions in {self.cfg.num_envs} lanes, waiting for {self.cfg.num_collectors} collectors")
         self.startup.mark("joined")
-        self.publish()
         total = self.cfg.train.total_env_steps
-        last_log = alone_since = time.monotonic()
         first_chunk_at, first_update_at = intake.env_steps, trainer.updates   # (a resumed run's are not 0)
-        self.ended = "error"   # unless the loops below end
         failing = True
         try:
+            self.publish()   # a learner that cannot publish its first weights has done nothing to save
+            self.ended = "error"   # unless the loops below end
+            last_log = alone_since = time.monotonic()
             while not self.stop.is_set() and not self.reached_stop_score and intake.env_steps < total:
                 deliveries = transport.receive(timeout=0 if intake.wants_update(trainer.updates) else 0.05)
                 now = time.monotonic()
@@ -376,23 +376,26 @@ class Learner:
         if self._closed:
             return
         self._closed = True
-        self.report.finish()
-        self.close_evaluator()
-        self.trainer.close()
         diverged_now = False
         try:
-            diverged_now = self.ended != "diverged" and not self.trainer.finite()
-            if diverged_now:
-                self.ended = "diverged"
-            if self.ended != "diverged":
-                replay = self.trainer.replay
-                size = bytes_needed(len(replay), replay.frames.shape[2:], replay.frames.dtype)
-                if self.cfg.learner.checkpoint_replay and size >= 1 << 30:   # a file that takes a while to write
-                    say("learner", f"writing the last checkpoint with the replay's {len(replay):,} transitions "
-                                   f"({size / 2**30:.1f} GiB), for run.resume")
-                self.save_checkpoint()
-            self.log()
-            self.write_summary()
+            self.report.finish()
+            self.close_evaluator()
+            self.trainer.close()
+            # A learner whose run() never began (its transport failed to start, or its first publish) has learned
+            # nothing since it started: a resumed run's checkpoint, replay and summary stay as they are.
+            if self.ended is not None:
+                diverged_now = self.ended != "diverged" and not self.trainer.finite()
+                if diverged_now:
+                    self.ended = "diverged"
+                if self.ended != "diverged":
+                    replay = self.trainer.replay
+                    size = bytes_needed(len(replay), replay.frames.shape[2:], replay.frames.dtype)
+                    if self.cfg.learner.checkpoint_replay and size >= 1 << 30:   # a file that takes a while to write
+                        say("learner", f"writing the last checkpoint with the replay's {len(replay):,} transitions "
+                                       f"({size / 2**30:.1f} GiB), for run.resume")
+                    self.save_checkpoint()
+                self.log()
+                self.write_summary()
         finally:
             self.report.close()
             try:

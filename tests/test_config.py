@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import select
+import socket
 import signal
 import subprocess
 import sys
@@ -420,3 +421,33 @@ def test_a_learner_alone_stops_on_sigterm_and_keeps_a_checkpoint(tmp_path):
     stdout, stderr = process.communicate(timeout=20)
     assert process.returncode == 0 and "[learner] stopped on a signal" in stdout, stderr
     assert list((tmp_path / "alone" / "checkpoints").glob("checkpoint_*.pt"))
+
+
+def test_a_learner_that_cannot_start_its_rendezvous_loses_nothing_and_leaves_nothing_in_the_way(tmp_path):
+    """Its port taken: a new run leaves no run folder, so that the same command starts it once the port is free;
+    a resumed one leaves its checkpoint, replay and summary as they were (before, each was written again)."""
+    def learner(port: int | None, *overrides: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "rl_dqn", "learner", "configs/smoke.yaml", "run.name=r",
+                                 f"cluster.init_method=tcp://127.0.0.1:{port}", "cluster.world_size=3",
+                                 "cluster.interface=lo", *overrides], cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=dict(os.environ, RL_DQN_RUNS_DIR=str(tmp_path)))
+
+    def refused(*overrides: str) -> None:
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            _, stderr = learner(taken.getsockname()[1], *overrides).communicate(timeout=120)
+        assert stderr.count("\n") == 1 and "Address already in use" in stderr, stderr
+
+    refused()
+    assert not (tmp_path / "r").exists()
+    alone = learner(free_port())   # the same command: the run starts, and stops on SIGTERM with a checkpoint
+    wait_for_output(alone, "waiting for 2 collectors")
+    alone.send_signal(signal.SIGTERM)
+    alone.communicate(timeout=30)
+    kept = {path: (path.stat().st_mtime_ns, path.read_bytes()) for path in (tmp_path / "r").rglob("*")
+            if path.suffix in (".pt", ".json")}
+    assert len(kept) == 4   # checkpoint, replay, summary.json, run.json
+    refused("run.resume=true")
+    assert all((path.stat().st_mtime_ns, path.read_bytes()) == was for path, was in kept.items()
+               if path.name != "run.json")   # run.json notes each launch of the run
