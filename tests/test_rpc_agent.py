@@ -65,3 +65,23 @@ def test_a_join_that_times_out_says_where_it_stood():
     assert str(error.value) == ("gave up joining the run at 10.0.0.1:29500 as collector0 after "
                                 "cluster.join_timeout_s=0.5 s: the learner admitted this process, but joining its RPC "
                                 "group did not finish")
+
+
+def test_a_join_that_fails_after_init_rpc_leaves_no_rpc_agent_running():
+    """The learner's hello failing after init_rpc (or its admission thread failing to start): the agent's threads
+    are shut down, where they would keep running into the interpreter's exit and can abort it."""
+    import threading
+
+    import pytest
+
+    from rl_dqn.supervisor import free_port
+    from rl_dqn.transport.rpc import TransportError, _in_thread
+    port = free_port()
+
+    def work():
+        rpc.init_rpc("collector0", rank=0, world_size=1, rpc_backend_options=rpc.TensorPipeRpcBackendOptions(
+            init_method=f"tcp://127.0.0.1:{port}", _transports=["uv"]))
+        raise RuntimeError("the learner's hello failed")
+    with pytest.raises(TransportError, match="^failed joining the run: the learner's hello failed$"):
+        _in_thread(work, threading.Event(), 30, "joining the run")
+    assert not rpc.api._is_current_rpc_agent_set()

@@ -168,6 +168,7 @@ def _in_thread(work, stop: threading.Event, timeout_s: float, what: str, stage: 
         if not done.is_set():
             _stranded.set()
     if failure:
+        _leave()   # what got as far as init_rpc: its threads left running would abort the interpreter's exit
         raise TransportError(f"failed {what}: {_reason(failure[0])}")
     return result[0]
 
@@ -282,9 +283,10 @@ class LearnerTransport:
                                           prefix=membership.torchrun_prefix(dict(os.environ)))
             rpc.init_rpc(worker_name(LEARNER_RANK), rank=LEARNER_RANK,
                          rpc_backend_options=_options(cfg, placement, host, port))
-            registry = membership.Registry(store, cfg.num_collectors, on_replace=self._on_replace)
-            registry.start()
-            return registry
+            # Set before it admits anyone: a collector's hello reads it.
+            self.registry = membership.Registry(store, cfg.num_collectors, on_replace=self._on_replace)
+            self.registry.start()
+            return self.registry
 
         self.registry = _in_thread(start, stop, timeout, f"starting the run's rendezvous at {address}:{port}")
 
@@ -437,9 +439,8 @@ class LearnerTransport:
         for name in names:
             previous = self._publishing.get(name)
             if previous is not None:
-                if not previous.done():
+                if not previous.done() or not self._check(name, previous):   # busy, or lost with the last one
                     continue
-                self._check(name, previous)
             if self.placement.sends_cuda_to(name):
                 message = weights
             else:
