@@ -49,6 +49,14 @@ GATE_ENV, GO = "RL_DQN_GATE", "go"
 # The key of a role's progress report while a checkpoint it writes grows: the bytes written so far.
 SAVING = "saving_bytes"
 
+# Looked up once here: die_with_parent() runs in the child between fork and exec, where loading a library could
+# wait forever on a lock that one of the parent's other threads held at the fork.
+try:
+    _prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+except (OSError, AttributeError):   # no glibc
+    _prctl = None
+_PR_SET_PDEATHSIG, _SIGTERM = 1, int(signal.SIGTERM)
+
 
 def free_port() -> int:
     """A TCP port on loopback that nothing listens on now (for a one-node run's rendezvous)."""
@@ -164,10 +172,8 @@ class NodeProgress:
 
 def die_with_parent() -> None:
     """Children get SIGTERM if this process dies without cleaning up (Linux prctl PR_SET_PDEATHSIG)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
-    except OSError:
-        pass
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, _SIGTERM)
 
 
 def supervise(specs: list[RoleSpec], node: str, grace_s: float = 20.0, progress: NodeProgress | None = None,
