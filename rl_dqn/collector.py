@@ -42,8 +42,8 @@ class ChunkBuilder:
         shape = (self.steps, self.num_envs)
         self.frames = torch.empty(*shape, *self.spec.frame_shape, dtype=self.spec.obs_dtype, device=self.device)
         self.actions = torch.empty(shape, dtype=torch.int64, device=self.device)
-        self.q_taken = torch.zeros(shape, dtype=torch.float32, device=self.device)
-        self.q_max = torch.zeros(shape, dtype=torch.float32, device=self.device)
+        self.q_taken: torch.Tensor | None = None   # made by the first add() given Q-values
+        self.q_max: torch.Tensor | None = None
         self.rewards = torch.empty(shape, dtype=torch.float32)
         self.terminated = torch.empty(shape, dtype=torch.bool)
         self.first = torch.empty(shape, dtype=torch.bool)
@@ -63,6 +63,9 @@ class ChunkBuilder:
         self.first[t] = obs_first
         self.actions[t] = actions
         if q_values is not None:
+            if self.q_taken is None:
+                self.q_taken = torch.zeros(self.steps, self.num_envs, device=self.device)
+                self.q_max = torch.zeros(self.steps, self.num_envs, device=self.device)
             self.q_taken[t] = q_values.gather(1, actions[:, None]).squeeze(1)
             self.q_max[t] = q_values.max(dim=1).values
         self.rewards[t] = result.reward
@@ -207,6 +210,9 @@ class Collector:
         self.net.load_state_dict(weights.state)
         self.version = weights.version
         self.builder = ChunkBuilder(cfg.collectors.chunk_steps, E, self.env.spec, device)
+        # The learner takes the Q-values of the actions as initial priorities with train.initial_priority:
+        # collectors; else they are neither kept nor sent.
+        self._sends_q_values = cfg.train.prioritized and cfg.train.initial_priority == "collectors"
         # A process that joins a run under way (a restart, a resumed learner) starts the schedule where the run is.
         self.run_env_steps = self.transport.env_steps_at_join
         self.epsilons = self._epsilons(self.run_env_steps)
@@ -233,7 +239,8 @@ class Collector:
             q_values = self.net(self.obs)
             actions = dqn.select_actions(q_values, self.epsilons, self.generator)
         result = self.env.step(actions.cpu())   # the env runs on the CPU: one small copy per step on a GPU
-        self.builder.add(self.obs, self.obs_first, actions, result, q_values, self._epsilons_cpu)
+        self.builder.add(self.obs, self.obs_first, actions, result, q_values if self._sends_q_values else None,
+                         self._epsilons_cpu)
         self.obs, self.obs_first = result.obs.to(self.policy_device), result.first
         if not self.builder.full:
             return None

@@ -21,7 +21,8 @@ class Chunk(NamedTuple):
     seq: int
     """chunks this collector sent before this one; the learner inserts a collector's chunks in this order"""
     weights_version: int
-    """version of the weights that chose these actions"""
+    """version of the newest weights that chose actions in this chunk (of its last step; weights adopted during the
+    chunk chose only the steps after)"""
     frames: torch.Tensor
     """[T, E, *frame_shape] newest frame of each observation acted on (uint8 for Atari)"""
     actions: torch.Tensor
@@ -37,7 +38,8 @@ class Chunk(NamedTuple):
     episode_lengths: torch.Tensor
     """[K] int64 agent steps of those episodes"""
     q_taken: torch.Tensor | None = None
-    """[T, E] float32 the collector's Q(s, a) for the action taken (for Ape-X initial priorities)"""
+    """[T, E] float32 the collector's Q(s, a) for the action taken (for Ape-X initial priorities, with
+    train.initial_priority: collectors; None otherwise)"""
     q_max: torch.Tensor | None = None
     """[T, E] float32 the collector's max_a Q(s, a)"""
     sender: int = -1

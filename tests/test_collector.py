@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from envs import describe_env
@@ -95,6 +96,27 @@ def test_a_collector_steps_sends_chunks_and_adopts_weights_and_the_runs_schedule
             admission = intake.admit(chunk._replace(sender=0), Standing.NEWEST)
             assert admission.refused is None and len(admission.entered) == 1
         assert intake.env_steps == 2 * T * 4
+    finally:
+        collector.close()
+
+
+@pytest.mark.parametrize("initial_priority", ["collectors", "max"])
+def test_a_collector_sends_q_values_only_to_a_learner_that_takes_them_as_priorities(initial_priority):
+    cfg, spec, endpoint = prepared("train.prioritized=true", f"train.initial_priority={initial_priority}")
+    collector = Collector(cfg, index=0, transport=endpoint)
+    try:
+        collector.prepare()
+        assert collector.start()
+        T = cfg.collectors.chunk_steps
+        for _ in range(T):
+            collector.step()
+        (chunk,) = endpoint.sent
+        if initial_priority == "collectors":
+            assert chunk.q_taken.shape == chunk.q_max.shape == (T, 4) and (chunk.q_max >= chunk.q_taken).all()
+        else:
+            assert chunk.q_taken is None and chunk.q_max is None
+        intake = Intake(cfg, spec, Trainer(cfg, spec, torch.device("cpu")).replay)
+        assert intake.admit(chunk._replace(sender=0), Standing.NEWEST).refused is None
     finally:
         collector.close()
 
