@@ -415,7 +415,7 @@ def _require_cluster(cfg: Config, collector_node: bool) -> None:
 
 
 # A role still running this long after its first stop signal prints where each of its threads stands, once: a
-# supervisor kills what still runs after its grace (20 s), and the stacks say what held the role up.
+# supervisor kills what still runs after its grace (supervise()'s grace_s), and the stacks say what held the role up.
 STOPPING_STACKS_S = 15.0
 
 

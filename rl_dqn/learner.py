@@ -150,7 +150,7 @@ class Learner:
                     first_chunk_at = None
                 # Updates while the replay ratio asks for them, for up to BURST_S: where an update is one CUDA graph
                 # launch, the rest of the loop (answers, membership, evaluation, logs) then runs once per several
-                # updates rather than once per update; where an update takes longer, once per update as before.
+                # updates rather than once per update; where an update takes longer, once per update.
                 burst_end = now + BURST_S
                 while intake.wants_update(trainer.updates) and not self.reached_stop_score:
                     self._train_one()

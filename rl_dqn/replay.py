@@ -244,7 +244,7 @@ class ReplayMemory:
         (N cancels out), so they only ever scale the loss down. Returns sum `n_step` rewards (from 1 to the
         memory's n_step, which it is when None): the memory stores single steps, so a run can shorten them."""
         if not self._ready:
-            raise ValueError(f"replay holds no transition yet, fewer than a batch of {batch_size}")
+            raise ValueError("replay holds no transition yet that can be drawn")
         rng_device = generator.device if generator is not None else self.device
         offsets = torch.rand(batch_size, generator=generator, dtype=torch.float64, device=rng_device)
         return self.sample_at(offsets.to(self.device), beta, n_step)

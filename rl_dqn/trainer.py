@@ -435,7 +435,7 @@ class Trainer:
 
     def load_state(self, state: dict, updates: int) -> bool:
         """Continues from state() after `updates` updates. Returns False when its generator was another kind of
-        device's (a CPU generator's state is 5,056 bytes, a CUDA one's 16): sampling then goes on from a seed of the
+        device's (a CPU generator's state and a CUDA one's differ in size): sampling then goes on from a seed of the
         run and its updates instead of the saved stream."""
         self.network.load_state_dict(state["network"])
         self.target.load_state_dict(state["target"])

@@ -7,12 +7,12 @@ wait_weights() / poll_weights(), stop_requested). `LearnerTransport` and `Collec
 them.
 """
 
-from rl_dqn.transport.devices import LEARNER_RANK, Placement, eval_device, place, slot_of, worker_name
+from rl_dqn.transport.devices import (LEARNER_RANK, Placement, collector_rank, eval_device, place, slot_of,
+                                      worker_name)
 from rl_dqn.transport.endpoints import (Change, CollectorEndpoint, Delivery, LearnerEndpoint, Membership,
                                         Standing)
-from rl_dqn.transport.rpc import CollectorTransport, LearnerTransport, TransportError, collector_rank
+from rl_dqn.transport.rpc import CollectorTransport, LearnerTransport, TransportError
 
 __all__ = ["LEARNER_RANK", "Change", "CollectorEndpoint", "CollectorTransport", "Delivery", "LearnerEndpoint",
            "LearnerTransport", "Membership", "Placement", "Standing", "TransportError", "collector_rank", "eval_device",
-           "place",
-           "slot_of", "worker_name"]
+           "place", "slot_of", "worker_name"]

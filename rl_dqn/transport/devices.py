@@ -33,6 +33,11 @@ def worker_name(rank: int) -> str:
     return "learner" if rank == LEARNER_RANK else f"collector{rank - 1}"
 
 
+def collector_rank(index: int) -> int:
+    """The rank of collector `index` (0-based) in the run."""
+    return LEARNER_RANK + 1 + index
+
+
 def slot_of(name: str) -> int:
     """The collector slot of an RPC name: 3 for collector3."""
     return int(name.removeprefix("collector"))

@@ -35,7 +35,7 @@ from torch.futures import Future
 from rl_dqn.config import Config
 from rl_dqn.console import first_line
 from rl_dqn.transport import membership
-from rl_dqn.transport.devices import LEARNER_RANK, Placement, slot_of, worker_name
+from rl_dqn.transport.devices import LEARNER_RANK, Placement, collector_rank, slot_of, worker_name
 from rl_dqn.transport.endpoints import Change, Membership, Standing
 from rl_dqn.types import Ack, Chunk, Weights
 
@@ -47,12 +47,6 @@ _stranded = threading.Event()   # set when _in_thread() gave up on a thread stil
 
 class TransportError(RuntimeError):
     """The run cannot go on over this transport: the learner is gone, or the run could not be joined."""
-
-
-def collector_rank(index: int) -> int:
-    return index + 1
-
-
 
 
 # The endpoint of this process; the RPC functions below run on RPC threads and route to it.
