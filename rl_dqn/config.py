@@ -294,11 +294,13 @@ class TrainConfig:
         require(self.priority_eps > 0.0, "train.priority_eps", f"must be > 0, got {self.priority_eps}")
 
     def _require_decay_span(self, name: str) -> None:
-        """train.<name>_decay_start_env_steps >= 0, and train.<name>_decay_end_env_steps 0 or after it."""
+        """train.<name>_decay_start_env_steps >= 0, and train.<name>_decay_end_env_steps 0 or after it. With 0 (the
+        run's end) a run that ends before the decay's start is allowed, and never decays: a short run of a config
+        made for a long one."""
         start_key, end_key = f"{name}_decay_start_env_steps", f"{name}_decay_end_env_steps"
         start, end = getattr(self, start_key), getattr(self, end_key)
         require(start >= 0, f"train.{start_key}", f"must be >= 0, got {start}")
-        require(end >= 0 and (end or self.total_env_steps) > start, f"train.{end_key}",
+        require(end == 0 or end > start, f"train.{end_key}",
                  f"must be 0 (train.total_env_steps) or > train.{start_key} ({start}), got {end}")
 
 

@@ -89,7 +89,7 @@ def test_overrides_convert_like_a_person_means_them(tmp_path):
     ("eval.stop_score=high", "eval.stop_score", "must be a number"),
     ("train.lr_end=0", "train.lr_end", "> 0 or null"),
     ("train.lr_decay_start_env_steps=-1", "train.lr_decay_start_env_steps", ">= 0"),
-    ("train.lr_decay_start_env_steps=5000", "train.lr_decay_end_env_steps", "> train.lr_decay_start_env_steps (5000)"),
+    ("train.lr_decay_end_env_steps=-5", "train.lr_decay_end_env_steps", "> train.lr_decay_start_env_steps (0)"),
     ("train.n_step_end=0", "train.n_step_end", "from 1 to train.n_step"),
     ("train.munchausen_alpha=0.9", "train.double", "must be false with train.munchausen_alpha > 0"),
     ("train.munchausen_alpha=1.5", "train.munchausen_alpha", "[0, 1] (0 = off)"),
@@ -99,8 +99,8 @@ def test_overrides_convert_like_a_person_means_them(tmp_path):
     ("train.n_step_end=1.5", "train.n_step_end", "must be an integer"),
     ("train.n_step_end=99", "train.n_step_end", "from 1 to train.n_step"),
     ("train.n_step_decay_start_env_steps=-1", "train.n_step_decay_start_env_steps", ">= 0"),
-    ("train.n_step_decay_start_env_steps=5000", "train.n_step_decay_end_env_steps",
-     "> train.n_step_decay_start_env_steps (5000)"),
+    ("train.n_step_decay_end_env_steps=-5", "train.n_step_decay_end_env_steps",
+     "> train.n_step_decay_start_env_steps (0)"),
     ("train.lr=2024-13-01", "train.lr", "must be a number, got '2024-13-01'"),
     ("env.id=Pong v5", "env.id", "must be a gymnasium id such as ALE/Pong-v5"),   # not blamed on run.name   # not a date YAML can make
     ("run.seed=" + "9" * 5000, "run.seed", "must be an integer"),                  # more digits than Python reads
@@ -153,6 +153,17 @@ def test_a_config_file_with_keys_or_values_yaml_reads_oddly_names_them(text, key
     with pytest.raises(ConfigError) as error:
         load_config(tmp_path / "odd.yaml")
     assert error.value.key == key and allowed in str(error.value)
+
+
+@pytest.mark.parametrize("name", ["lr", "n_step"])
+def test_a_decay_ends_after_it_starts_and_a_run_shorter_than_its_start_never_decays(name):
+    with pytest.raises(ConfigError, match=f"^train.{name}_decay_end_env_steps: must be 0 .* or > "
+                                          f"train.{name}_decay_start_env_steps \\(5000\\), got 5000$"):
+        load_config(ROOT / "configs/atari_cpu.yaml", [f"train.{name}_decay_start_env_steps=5000",
+                                                      f"train.{name}_decay_end_env_steps=5000"])
+    # A short run of a config made for 30 minutes: its schedules hold at their start values throughout.
+    load_config(ROOT / "configs/atari_cpu.yaml", ["train.total_env_steps=20000", "train.n_step_end=1",
+                                                  "train.n_step_decay_start_env_steps=1000000"])
 
 
 def test_an_override_fills_a_section_the_file_leaves_empty(tmp_path):
