@@ -207,7 +207,7 @@ def check_replay_memory(cfg: Config, spec, device, available: int | None) -> Non
     if available is not None and need > available:
         per = need // t.replay_capacity
         raise ConfigError("train.replay_capacity",
-                          f"{t.replay_capacity:,} transitions of {per:,} bytes need {need / 2**30:.1f} GiB on "
+                          f"{t.replay_capacity:,} transitions of {per:,} bytes need {need / 2**30:,.1f} GiB on "
                           f"{device}, which has {available / 2**30:.1f} GiB available; at most "
                           f"{available // per:,} fit there")
 

@@ -169,12 +169,14 @@ def load(config: str, overrides: list[str]) -> Config:
 
 def check(config: str, overrides: list[str], runs_dir: Path) -> tuple[list[str], Finding]:
     """Every line of the report and what it found, for `config` as it would run on this machine."""
-    from rl_dqn.cli import check_env, check_run_dir, resume_check
+    from rl_dqn.cli import check_env, check_replay_memory, check_run_dir, resume_check
+    from rl_dqn.system import available_memory
+    from rl_dqn.transport import place
     lines = [f"rl_dqn doctor, {time.strftime('%Y-%m-%d %H:%M')} on {socket.gethostname()}", *software_lines(),
              *cpu_lines(), *gpu_lines()]
     try:
         cfg = load(config, overrides)
-        check_env(cfg)
+        spec = check_env(cfg)
         lines += tensorpipe_lines(cfg)
         lines.append(f"{config} as it would run here:")
         role_lines, advice = roles(cfg)
@@ -184,8 +186,16 @@ def check(config: str, overrides: list[str], runs_dir: Path) -> tuple[list[str],
         check_run_dir(cfg)
     except ConfigError as e:
         return lines, Finding([str(e)], [])
+    import torch
+    problems = []
+    if cfg.cluster.rank == 0:   # the replay the learner allocates, as the launchers check it
+        device = place(cfg, 0, torch.cuda.device_count()).device
+        try:
+            check_replay_memory(cfg, spec, device, available_memory(device))
+        except ConfigError as e:
+            problems.append(str(e))
     disk_lines, found = disk(cfg, runs_dir)
-    return lines + role_lines + disk_lines, Finding(found.problems, advice)
+    return lines + role_lines + disk_lines, Finding(problems + found.problems, advice)
 
 
 def software_lines() -> list[str]:

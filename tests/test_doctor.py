@@ -57,7 +57,12 @@ def test_the_quick_start_config_can_run_here_and_the_report_says_on_what(tmp_pat
 
 
 @pytest.mark.parametrize("args, problem", [
-    (["configs/pong_cpu.yaml", "train.replay_capacity=100000000000"], "learner.checkpoint_replay: a full replay"),
+    # The replay's memory, as the launchers refuse it, and the disk its checkpoints need: a line each.
+    (["configs/pong_cpu.yaml", "train.replay_capacity=100000000000"],
+     ["train.replay_capacity: 100,000,000,000 transitions of 7,082 bytes need ", "learner.checkpoint_replay: a full "
+                                                                                 "replay checkpoint needs "]),
+    (["configs/pong_cpu.yaml", "train.replay_capacity=1000000000", "learner.checkpoint_replay=false"],
+     "train.replay_capacity: 1,000,000,000 transitions of 7,082 bytes need 6,595.6 GiB on "),
     (["configs/pong_cpu.yaml", "train.bach_size=3"], "train.bach_size: unknown key"),
     pytest.param(["configs/pong_cpu.yaml", "transport.kind=cuda"], "transport.kind: cuda needs a CUDA GPU",
                  marks=no_gpu),
@@ -73,8 +78,10 @@ def test_a_config_that_cannot_run_here_exits_2_with_a_line_per_problem(doctor_he
     (tmp_path / "broken" / "checkpoints").mkdir(parents=True)
     (tmp_path / "broken" / "checkpoints" / "checkpoint_000000001.pt").write_bytes(b"PK\x03\x04 cut")
     code, _, err = doctor_here(*args)
-    assert code == 2
-    assert err.startswith(f"doctor: {problem.format(runs=tmp_path)}") and len(err.strip().splitlines()) == 1
+    problems = [problem] if isinstance(problem, str) else problem
+    assert code == 2 and len(err.strip().splitlines()) == len(problems)
+    for line, expected in zip(err.splitlines(), problems):
+        assert line.startswith(f"doctor: {expected.format(runs=tmp_path)}"), line
 
 
 @no_gpu
