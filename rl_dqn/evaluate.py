@@ -256,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     except checkpoints.CheckpointError as e:
         return _fail(f"cannot play {checkpoint}: {e.reason} (play takes a run folder, runs/<name>, or a .pt file "
                      f"of its checkpoints/)")
+    if args.max_episode_frames is not None and not cfg.env.is_atari:
+        parser.error(f"--max-episode-frames cuts Atari episodes; {cfg.env.id} keeps its own time limit")
     if args.max_episode_frames is not None and args.max_episode_frames < cfg.env.frame_skip:
         parser.error(f"--max-episode-frames must be >= the run's env.frame_skip ({cfg.env.frame_skip}), got "
                      f"{args.max_episode_frames}")
@@ -276,8 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     epsilon = f"epsilon {args.epsilon:g}" if args.epsilon is not None else \
         f"epsilon {cfg.eval.epsilon:g}, the run's eval.epsilon"
     frames = args.max_episode_frames or cfg.eval_env.max_episode_frames
+    cut = f"; episodes cut at {frames:,} frames" if cfg.env.is_atari else ""   # other envs keep their own limits
     print(f"{checkpoint}: {len(scores)} episodes, score {mean:.2f} +- {std:.2f} "
-          f"(min {min(scores):g}, max {max(scores):g}; {epsilon}; episodes cut at {frames:,} frames)")
+          f"(min {min(scores):g}, max {max(scores):g}; {epsilon}{cut})")
     if video is not None:
         # The video is env 0's first episode (see `play`), which need not be the first to end.
         cut = (f"; the video stops after --video-max-steps ({steps:,} steps), the score is the whole episode's"

@@ -300,8 +300,9 @@ class Report:
         lines.append(f"run folder {self.run_dir}: config.yaml, summary.json, TensorBoard events "
                      f"(tensorboard --logdir {self.run_dir.parent})")
         if found := checkpoints.all_of(self.run_dir):
-            lines.append(f"newest checkpoint {found[-1]} (watch it: ./launch/play.sh {self.run_dir} "
-                         f"--video episode.mp4; continue the run: run.resume=true run.name={self.run_dir.name})")
+            video = " --video episode.mp4" if self.cfg.env.is_atari else ""   # videos are of Atari screens
+            lines.append(f"newest checkpoint {found[-1]} (watch it: ./launch/play.sh {self.run_dir}{video}; "
+                         f"continue the run: run.resume=true run.name={self.run_dir.name})")
         if (best := checkpoints.best_path(self.run_dir)).is_file():
             lines.append(f"best evaluated network {best} (score {self.best_eval:.2f}; ./launch/play.sh "
                          f"{self.run_dir} --best)")

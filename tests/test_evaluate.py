@@ -127,6 +127,21 @@ def test_play_cuts_episodes_where_it_is_told_or_where_the_run_evaluates(tmp_path
         "play: error: --max-episode-frames must be >= the run's env.frame_skip (4), got 3 (usage: ./launch/play.sh ")
 
 
+def test_play_of_an_env_with_its_own_time_limit_says_no_cut_and_takes_none(tmp_path, monkeypatch, capsys):
+    cfg = load_config(ROOT / "configs/cartpole.yaml")
+    network = QNetwork((1, 2), 2, mlp_hidden=(4,)).for_acting()
+    monkeypatch.setattr(rl_dqn.evaluate, "load_player", lambda checkpoint: (cfg, network))
+    monkeypatch.setattr(rl_dqn.evaluate, "make_vector_env", lambda *args, **kwargs: ScriptedEpisodes([[3, 1]]))
+    checkpoint = tmp_path / "checkpoint.pt"
+    checkpoint.write_bytes(b"")
+    assert main([str(checkpoint), "--episodes", "1"]) == 0
+    assert capsys.readouterr().out.endswith("(min 3, max 3; epsilon 0, the run's eval.epsilon)\n")
+    with pytest.raises(SystemExit) as exited:
+        main([str(checkpoint), "--max-episode-frames", "108000"])
+    assert exited.value.code == 2 and capsys.readouterr().err.startswith(
+        "play: error: --max-episode-frames cuts Atari episodes; CartPole-v1 keeps its own time limit (usage: ")
+
+
 @pytest.mark.parametrize("args, error", [
     (["--video", "x.avi"], "--video must name a .mp4 or .gif file, got 'x.avi'"),
     (["--episodes", "0"], "--episodes must be >= 1, got 0"),

@@ -100,6 +100,18 @@ def test_training_episodes_at_the_return_epsilon_are_averaged_over_the_latest_en
     off.close()
 
 
+@pytest.mark.parametrize("env_id, play", [("CartPole-v1", "play.sh {run}; "),
+                                           ("ALE/Pong-v5", "play.sh {run} --video episode.mp4; ")])
+def test_the_closing_lines_say_how_to_watch_the_run_as_play_can(tmp_path, env_id, play):
+    """A video only of an Atari game: play refuses --video for other envs."""
+    report = make_report(tmp_path, f"env.id={env_id}")
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "checkpoint_000000001.pt").write_bytes(b"")
+    (line,) = [line for line in report.closing_lines("done", counters(180, 0)) if "watch it" in line]
+    assert play.format(run=tmp_path) in line
+    report.close()
+
+
 @pytest.mark.parametrize("what, detail, line", [
     ("joined", "process 2 of its slot", "[learner] collector1 joined (process 2 of its slot)"),
     ("left", "", "[learner] collector1 left"),
