@@ -9,6 +9,7 @@ import json
 import os
 import queue
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from chain import chain_chunk, make_learner
 from test_end_to_end import ROOT, finish, launch, processes_of
 
@@ -532,4 +534,17 @@ def test_a_run_ended_at_its_stop_score_resumes_only_with_none_or_a_higher_one(tm
         f"{stopped['env_steps']:,} env steps): nothing to do; to train on, resume with eval.stop_score=null or a "
         f"higher one (above {stopped['eval']:.2f})"], output
     assert snapshot(runs) == before and not processes_of("won")
+
+    # The run's own config.yaml resumes it, on a free port rather than the one it names, which may be taken now.
+    saved = yaml.safe_load((runs / "won" / "config.yaml").read_text())
+    env_steps = checkpoints.load_state(checkpoints.newest(runs / "won"))["counters"]["env_steps"]
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # the run's own connections may linger there
+        taken.bind(("127.0.0.1", int(saved["cluster"]["init_method"].rsplit(":", 1)[1])))
+        taken.listen()
+        code, output = finish(launch("local.sh", str(runs / "won" / "config.yaml"), "run.resume=true",
+                                     "eval.stop_score=null", f"train.total_env_steps={env_steps + 500}",
+                                     env=env), timeout=300)
+    assert code == 0, output[-3000:]
+    assert summary_of(runs / "won")["ended"] == "total_env_steps" and not processes_of("won"), output[-3000:]
 
