@@ -583,7 +583,8 @@ def _collector(cfg: Config, args) -> int:
         collector.run()
     except TransportError as e:
         lost = transport is not None and transport.learner_lost
-        return _role_error(name, str(e), EXIT_LEARNER_LOST if lost else 1)
+        # A slot outside the run is its node's config: a new process would be refused the same way.
+        return _role_error(name, str(e), EXIT_BAD_INPUT if e.outside_run else EXIT_LEARNER_LOST if lost else 1)
     finally:
         collector.close()
         if transport is not None:

@@ -30,7 +30,8 @@ from rl_dqn.network import describe_precision, resolve_precision
 from rl_dqn.replay import bytes_needed
 from rl_dqn.reporting import ChunkArrived, Counters, Report
 from rl_dqn.trainer import Trainer, Update
-from rl_dqn.transport import LEARNER_RANK, LearnerEndpoint, TransportError, collector_rank, place, slot_of, worker_name
+from rl_dqn.transport import (LEARNER_RANK, LearnerEndpoint, Membership, TransportError, collector_rank, place,
+                              slot_of, worker_name)
 from rl_dqn.types import Ack, Chunk
 
 __all__ = ["Learner", "TrainingDiverged"]
@@ -233,7 +234,9 @@ class Learner:
             except queue.Empty:
                 break
             changed = True
-            self.report.membership(change.what.value, change.name, slot_of(change.name), change.detail)
+            joined = change.what is Membership.JOINED
+            self.report.membership(change.what.value, change.name, slot_of(change.name) if joined else -1,
+                                   change.detail)
         if changed:
             self.report.collectors_alive(len(self.transport.alive), self.intake.env_steps)
 

@@ -172,11 +172,13 @@ class Report:
             self.board.histogram("learner/td_errors", q - targets, env_steps)
 
     def membership(self, what: str, name: str, slot: int, detail: str) -> None:
-        """One line per collector that `what` ("joined", "left" or "lost") in `slot`."""
+        """One line per collector that `what` ("joined", "left", "lost", or "outside": a process refused a slot
+        the run does not have) in `slot`."""
         if what == "joined":
             self._collectors[slot].processes += 1
         say("learner", {"joined": f"{name} joined ({detail})", "left": f"{name} left",
-                        "lost": f"{name} lost: {detail}; training goes on, its slot is open for a new process"}[what])
+                        "lost": f"{name} lost: {detail}; training goes on, its slot is open for a new process",
+                        "outside": f"refused a process asking to join as {name}: {detail}"}[what])
 
     def collectors_alive(self, alive: int, env_steps: int) -> None:
         self.board.scalar("cluster/collectors_alive", alive, env_steps)

@@ -212,8 +212,10 @@ def supervise(specs: list[RoleSpec], node: str, grace_s: float = 20.0, progress:
     waited = 0.0
     stop_deadline: float | None = None
     try:
-        while [r.process.poll() for r in roles].count(None):   # poll every role: each poll updates its returncode
+        while True:
             time.sleep(0.1)
+            for role in roles:
+                role.process.poll()   # each poll updates its returncode
             if progress is not None and (line := progress.line(roles)) is not None:
                 print(line, flush=True)
             if stop_deadline is None:
@@ -249,6 +251,10 @@ def supervise(specs: list[RoleSpec], node: str, grace_s: float = 20.0, progress:
                           f"after being asked to stop", file=sys.stderr, flush=True)
                 _signal_all(roles, signal.SIGKILL)
                 break
+            # Only once what ended has been seen to: a node whose one role died starts it again, or fails with
+            # that role's exit code.
+            if all(role.process.poll() is not None for role in roles):
+                break
     finally:
         _take_down(roles)
         for s, handler in previous.items():
@@ -258,7 +264,7 @@ def supervise(specs: list[RoleSpec], node: str, grace_s: float = 20.0, progress:
     if interrupted:
         return 128 + interrupted[0]
     bad = [r for r in roles if r.process.returncode != 0]
-    if complete or stop_deadline is None and _finished(roles):   # or every role ended between two polls
+    if complete:
         if bad:
             print(f"{node}: the run is complete; not stopped cleanly, which does not fail it: " + ", ".join(
                 f"{r.spec.label} ({r.why()}" + (f", still running {waited:.0f} s after the run ended)" if r in stuck

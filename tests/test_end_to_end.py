@@ -274,6 +274,15 @@ def test_collector_nodes_join_a_running_learner_whenever_they_come_and_leave_it_
     addresses = listening({learner.process.pid})   # learner.sh execs the learner: this is the learner
     assert any(a.endswith(f":{port}") for a in addresses) and len(addresses) >= 2, addresses
     assert all(a.startswith("127.0.0.1:") for a in addresses), addresses
+    # A node whose config puts its collector outside the run (a cluster.world_size the learner's is not): refused
+    # in one line on each side, and not started again, since a new process would be refused the same way.
+    outside = Console(launch("collector.sh", "configs/smoke.yaml", f"cluster.init_method=tcp://127.0.0.1:{port}",
+                             *cluster, "cluster.world_size=4", "cluster.rank=3"))
+    assert outside.finish(90) == 2, outside.text[-3000:]
+    assert "the learner refused collector2: the run has collector slots 0..1" in outside.text, outside.text[-3000:]
+    assert "restart" not in outside.text, outside.text[-3000:]
+    learner.wait_for("[learner] refused a process asking to join as collector2: the run has collector slots 0..1 "
+                     "(cluster.world_size - 1), not '2'", timeout=10)
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(port))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")   # a node with no GPU, also on a machine that has one

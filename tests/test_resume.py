@@ -397,6 +397,19 @@ def test_a_collector_that_dies_before_the_run_ends_still_fails_the_node(tmp_path
            "stopping the other roles" in err, err
 
 
+@pytest.mark.parametrize("code, restarted", [(1, True), (2, False)])
+def test_a_collector_node_of_one_collector_restarts_it_unless_its_input_was_refused(code, restarted, capsys,
+                                                                                   monkeypatch):
+    """The node's only role ends between two of its polls: it is started again as on a node of several, and a
+    refusal of its input (exit 2, which a new process would meet again) is the node's exit code."""
+    monkeypatch.setattr("rl_dqn.supervisor.RESTART_DELAY_S", 0.1)
+    dies = RoleSpec("collector0", [sys.executable, "-c", f"raise SystemExit({code})"], finishes_run=False, restarts=2)
+    assert supervise([dies], node="node") == code
+    err = capsys.readouterr().err
+    assert err.count("starting a new process") == (2 if restarted else 0), err
+    assert err.endswith(f"node: collector0 died (exited with code {code}); stopping the other roles\n"), err
+
+
 # A learner that, asked to stop, writes a checkpoint for argv[2] seconds, saying so as the file grows as the real
 # one does (rl_dqn.cli), then writes argv[1] and hangs. Its pid file (argv[3]) says it can be asked to stop.
 SAVING_LEARNER = """

@@ -21,6 +21,7 @@ class Membership(enum.Enum):
     JOINED = "joined"     # a process joined a slot (detail: which process of its slot)
     LEFT = "left"         # it said goodbye
     LOST = "lost"         # it died or hung (detail: why)
+    OUTSIDE = "outside"   # a process asked for a slot the run does not have (detail: why it was refused)
 
 
 class Change(NamedTuple):

@@ -59,6 +59,11 @@ class MembershipError(RuntimeError):
     """The store could not be opened, or this process was refused a place in the run."""
 
 
+class SlotOutsideRun(MembershipError):
+    """The learner refused this process's slot, which is not one of the run's: its node's cluster.world_size or
+    cluster.rank disagrees with the learner's, and a new process would be refused the same way."""
+
+
 def interface_address(name: str) -> str:
     """The IPv4 address of network interface `name` (Linux)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -143,6 +148,8 @@ def ask_admission(store: dist.Store, slot: int, timeout_s: float, stop: threadin
         raise MembershipError("stopped while waiting for admission" if stop.is_set() else
                               f"the learner did not admit collector{slot} within {timeout_s:g} s")
     verdict, _, detail = store.get(key).decode().partition(" ")
+    if verdict == "outside":
+        raise SlotOutsideRun(f"the learner refused collector{slot}: {detail}")
     if verdict != "ok":
         raise MembershipError(f"the learner refused collector{slot}: {detail}")
     return Admission(ticket, int(detail))
@@ -165,10 +172,12 @@ class Registry:
     """The learner's view of the slots and the processes filling them, kept by its admission thread and its loop.
 
     `admit(slot)` is called for each ticket in order and returns a refusal or None; the learner's transport
-    decides what a slot's previous incarnation means there (`on_replace`)."""
+    decides what a slot's previous incarnation means there (`on_replace`), and hears of a process that asked for a
+    slot the run does not have (`on_outside(slot, why)`)."""
 
-    def __init__(self, store: dist.Store, slots: int, on_replace: Callable[[int], None]):
-        self.store, self.slots, self.on_replace = store, slots, on_replace
+    def __init__(self, store: dist.Store, slots: int, on_replace: Callable[[int], None],
+                 on_outside: Callable[[str, str], None] = lambda slot, why: None):
+        self.store, self.slots, self.on_replace, self.on_outside = store, slots, on_replace, on_outside
         self.current: dict[int, int] = {}       # slot -> RPC id of its newest incarnation
         self.incarnations = [0] * slots         # processes admitted per slot so far
         self.admitted: set[int] = set()         # RPC ids of every process ever admitted
@@ -212,8 +221,9 @@ class Registry:
 
     def _admit(self, ticket: int, slot_text: str) -> str:
         if not slot_text.isdigit() or int(slot_text) >= self.slots:
-            return f"refused the run has collector slots 0..{self.slots - 1} (cluster.world_size - 1), " \
-                   f"not {slot_text!r}"
+            why = f"the run has collector slots 0..{self.slots - 1} (cluster.world_size - 1), not {slot_text!r}"
+            self.on_outside(slot_text, why)
+            return f"outside {why}"
         slot = int(slot_text)
         with self.lock:
             if self._closed.is_set():

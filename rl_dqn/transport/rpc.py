@@ -46,7 +46,12 @@ _stranded = threading.Event()   # set when _in_thread() gave up on a thread stil
 
 
 class TransportError(RuntimeError):
-    """The run cannot go on over this transport: the learner is gone, or the run could not be joined."""
+    """The run cannot go on over this transport: the learner is gone, or the run could not be joined.
+    `outside_run`: the learner refused this process's slot, which its config puts outside the run."""
+
+    def __init__(self, message: str, outside_run: bool = False):
+        super().__init__(message)
+        self.outside_run = outside_run
 
 
 # The endpoint of this process; the RPC functions below run on RPC threads and route to it.
@@ -163,7 +168,8 @@ def _in_thread(work, stop: threading.Event, timeout_s: float, what: str, stage: 
             _stranded.set()
     if failure:
         _leave()   # what got as far as init_rpc: its threads left running would abort the interpreter's exit
-        raise TransportError(f"failed {what}: {_reason(failure[0])}")
+        raise TransportError(f"failed {what}: {_reason(failure[0])}",
+                             outside_run=isinstance(failure[0], membership.SlotOutsideRun))
     return result[0]
 
 
@@ -278,13 +284,18 @@ class LearnerTransport:
             rpc.init_rpc(worker_name(LEARNER_RANK), rank=LEARNER_RANK,
                          rpc_backend_options=_options(cfg, placement, host, port))
             # Set before it admits anyone: a collector's hello reads it.
-            self.registry = membership.Registry(store, cfg.num_collectors, on_replace=self._on_replace)
+            self.registry = membership.Registry(store, cfg.num_collectors, on_replace=self._on_replace,
+                                                on_outside=self._on_outside)
             self.registry.start()
             return self.registry
 
         self.registry = _in_thread(start, stop, timeout, f"starting the run's rendezvous at {address}:{port}")
 
     # ------------------------------------------------------------------------------------- membership
+
+    def _on_outside(self, slot: str, why: str) -> None:
+        """Admission thread: a process asked for `slot`, which the run does not have."""
+        self.changes.put(Change(Membership.OUTSIDE, f"collector{slot}", why))
 
     def _on_replace(self, slot: int) -> None:
         """Admission thread: a new process takes `slot`; the one before it (dead, hung or not) is dropped."""
