@@ -247,7 +247,7 @@ class Collector:
         chunk = self.builder.take(self.index, self.seq, self.version, self._system)
         ack = self.transport.send(chunk)
         self.seq += 1
-        if ack is not None:
+        if ack is not None and not ack.stop:   # the answer that ends the run counts nothing
             self.run_env_steps = ack.env_steps
             if self.cfg.collectors.exploration != "apex":
                 self.epsilons = self._epsilons(self.run_env_steps)

@@ -159,10 +159,12 @@ class NodeProgress:
         if now - self._last < self.interval_s:
             return None
         self._last = now
-        fresh = [r.progress[1] for r in roles if r.progress is not None and now - r.progress[0] < 2 * self.interval_s
-                 and r.process.poll() is None]
+        running = [r for r in roles if r.process.poll() is None]
+        fresh = [r.progress[1] for r in running if r.progress is not None and now - r.progress[0] < 2 * self.interval_s]
         if not fresh:
-            return f"{self.node}: no collector has reported in the last {2 * self.interval_s:g} s"
+            # Said of collectors that reported before: not while they start (joining says itself), nor once done.
+            reported = any(r.progress is not None for r in running)
+            return f"{self.node}: no collector has reported in the last {2 * self.interval_s:g} s" if reported else None
         newest = max(fresh, key=lambda r: r["run_env_steps"])
         rate = sum(r["rate"] for r in fresh)
         run = progress(min(newest["run_env_steps"], self.total), self.total, newest["run_rate"])

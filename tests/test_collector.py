@@ -100,6 +100,24 @@ def test_a_collector_steps_sends_chunks_and_adopts_weights_and_the_runs_schedule
         collector.close()
 
 
+def test_the_answer_that_ends_the_run_leaves_the_runs_env_steps_where_the_learner_last_said():
+    """The node's progress line shows the run's env steps as its collectors last heard them: not 0 at the end."""
+    cfg, spec, endpoint = prepared()
+    collector = Collector(cfg, index=0, transport=endpoint)
+    try:
+        collector.prepare()
+        assert collector.start()
+        endpoint.run_env_steps = 3_000
+        for _ in range(cfg.collectors.chunk_steps):
+            collector.step()
+        endpoint.send = lambda chunk: Ack(0, stop=True)
+        for _ in range(cfg.collectors.chunk_steps):
+            collector.step()
+        assert collector.run_env_steps == 3_000
+    finally:
+        collector.close()
+
+
 @pytest.mark.parametrize("initial_priority", ["collectors", "max"])
 def test_a_collector_sends_q_values_only_to_a_learner_that_takes_them_as_priorities(initial_priority):
     cfg, spec, endpoint = prepared("train.prioritized=true", f"train.initial_priority={initial_priority}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import queue
 import re
@@ -395,6 +396,27 @@ def test_a_collector_that_dies_before_the_run_ends_still_fails_the_node(tmp_path
     _, err = capsys.readouterr()
     assert "local: collector0 died (exited with code 1: [collector0] error: the learner refused collector0); " \
            "stopping the other roles" in err, err
+
+
+def test_a_collector_nodes_line_speaks_of_silence_only_of_collectors_that_reported_before():
+    from types import SimpleNamespace
+
+    from rl_dqn.supervisor import NodeProgress
+
+    def collector(reported_at, running=True):
+        return SimpleNamespace(progress=None if reported_at is None else (reported_at, report),
+                               process=SimpleNamespace(poll=lambda: None if running else 0))
+
+    def line(roles):
+        lines._last = -math.inf   # its interval is up
+        return lines.line(roles)
+    lines = NodeProgress("node", total_env_steps=8_000, interval_s=5.0)
+    report = {"rate": 500.0, "run_env_steps": 4_000, "run_rate": 1_000.0, "weights_version": 3}
+    assert line([collector(None), collector(None)]) is None                                  # starting
+    assert line([collector(time.monotonic()), collector(None)]).startswith("node: run env steps 4,000/8,000 ")
+    assert line([collector(time.monotonic() - 11), collector(None)]) == \
+        "node: no collector has reported in the last 10 s"                                    # gone quiet
+    assert line([collector(time.monotonic(), running=False)]) is None                        # done
 
 
 @pytest.mark.parametrize("code, restarted", [(1, True), (2, False)])
