@@ -89,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
 def entry() -> NoReturn:
     """The `rl-dqn` console command (pyproject.toml) and `python -m rl_dqn`. A Ctrl-C that reaches Python (a node's
     checks, a tool) ends it with 130 and no traceback."""
+    # Before torch loads, which reads it once: TensorPipe warns in C++ about every pipe a departing peer closes,
+    # where the roles say in one line who left and why. TORCH_CPP_LOG_LEVEL=INFO brings its messages back. (Set
+    # here, it reaches every role however it is launched: local.sh, learner.sh, torchrun, SLURM.)
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     try:
         code = main()
     except KeyboardInterrupt:

@@ -186,9 +186,6 @@ def supervise(specs: list[RoleSpec], node: str, grace_s: float = 20.0, progress:
     env = dict(os.environ, PYTHONUNBUFFERED="1", **{PROGRESS_ENV: "1"})
     if checks is not None:
         env[GATE_ENV] = "1"
-    # TensorPipe warns in C++ about every pipe a departing peer closes; the roles say in one line who left and
-    # why. TORCH_CPP_LOG_LEVEL=INFO brings its messages back.
-    env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     roles = [_Role(spec, env) for spec in specs]
     if checks is not None:
         go = False
