@@ -36,7 +36,7 @@ from typing import NoReturn
 
 from rl_dqn.config import Config, ConfigError, load_config, save_config, to_dict
 from rl_dqn.console import (LAUNCHED_AT_ENV, PROGRESS_ENV, PROGRESS_MARK, OneLineParser, StartupClock, first_line,
-                            launched_at, say)
+                            launched_at, process_started_at, say)
 from rl_dqn.supervisor import EXIT_BAD_INPUT, EXIT_LEARNER_LOST, GATE_ENV, GO, SAVING, free_port
 
 RUNS_DIR = Path(os.environ.get("RL_DQN_RUNS_DIR") or Path(__file__).resolve().parents[1] / "runs")
@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in TOOLS:
         return importlib.import_module(TOOLS[argv[0]][0]).main(argv[1:])
-    os.environ.setdefault(LAUNCHED_AT_ENV, repr(time.time()))
+    # The run's launch, for its roles' start-up lines: this process's start where no launcher set it before.
+    os.environ.setdefault(LAUNCHED_AT_ENV, repr(process_started_at() or time.time()))
     args = _parser().parse_args(argv)
     if args.command == "worker":
         args.overrides = [*args.overrides, "collectors.count=1"]   # a process is one role

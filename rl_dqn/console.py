@@ -131,7 +131,8 @@ class StartupClock:
         self.launched_at = launched_at if launched_at is not None else started or time.time()
         self.marks: list[tuple[str, float]] = []
         if started is not None and launched_at is not None:
-            self.marks.append(("process", started - self.launched_at))
+            # At least 0: a launch this process marked itself is its own start, read again (/proc's clocks: 10 ms).
+            self.marks.append(("process", max(0.0, started - self.launched_at)))
 
     def mark(self, step: str) -> None:
         self.marks.append((step, time.time() - self.launched_at))

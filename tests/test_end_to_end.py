@@ -306,6 +306,8 @@ def test_collector_nodes_join_a_running_learner_whenever_they_come_and_leave_it_
     learner.process.send_signal(signal.SIGINT)
     assert learner.finish(40) == 0, learner.text[-3000:]
     assert second.finish(30) == 0, second.text[-3000:]
+    # learner.sh runs the learner in its own process: its start-up is timed from that process's start.
+    assert re.search(r"\[learner\] start-up from launch: process 0\.0 s, ", learner.text), learner.text[-3000:]
     # Collectors that left said so in one line each: TensorPipe's C++ warnings about their closed pipes are not
     # shown, by learner.sh as by the launchers that supervise their roles.
     assert "tensorpipe_agent.cpp" not in learner.text + first.text + second.text, learner.text[-3000:]
