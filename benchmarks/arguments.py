@@ -17,12 +17,12 @@ if str(ROOT) not in sys.path:
 
 from envs.config import ConfigError  # noqa: E402
 from rl_dqn.config import FOLDER_NAME, RUN_SEED_MAX  # noqa: E402
-from rl_dqn.console import OneLineParser  # noqa: E402
+from rl_dqn.console import OneLineParser, description  # noqa: E402
 
 
 def parser(doc: str, **kwargs) -> OneLineParser:
     """A benchmark's parser: `<script>.py: error: <message> (usage: ...)`, exit code 2."""
-    made = OneLineParser(description=doc.split("\n\n")[0], **kwargs)
+    made = OneLineParser(description=description(doc), **kwargs)
     made.name = made.prog
     return made
 

@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from rl_dqn.config import Config, ConfigError, load_config, save_config, to_dict
-from rl_dqn.console import (LAUNCHED_AT_ENV, PROGRESS_ENV, PROGRESS_MARK, OneLineParser, StartupClock, first_line,
-                            launched_at, process_started_at, say)
+from rl_dqn.console import (LAUNCHED_AT_ENV, PROGRESS_ENV, PROGRESS_MARK, OneLineParser, StartupClock, description,
+                            first_line, launched_at, process_started_at, say)
 from rl_dqn.supervisor import EXIT_BAD_INPUT, EXIT_LEARNER_LOST, GATE_ENV, GO, SAVING, free_port
 
 RUNS_DIR = Path(os.environ.get("RL_DQN_RUNS_DIR") or Path(__file__).resolve().parents[1] / "runs")
@@ -51,7 +51,7 @@ TOOLS = {"play": ("rl_dqn.evaluate", "play a trained agent: episodes at eval.eps
 
 def _parser() -> argparse.ArgumentParser:
     prog = "rl-dqn" if Path(sys.argv[0]).name == "rl-dqn" else "python -m rl_dqn"
-    parser = OneLineParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog=prog, description=description(__doc__))
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     for name, text in (("local", "learner and collectors on this node"), ("learner", "the learner process"),
                        ("collectors", "this node's collector processes"), ("collector", "one collector process"),

@@ -18,6 +18,13 @@ PROGRESS_ENV = "RL_DQN_PROGRESS_LINES"
 LAUNCHED_AT_ENV = "RL_DQN_LAUNCHED_AT"
 
 
+def description(doc: str) -> str:
+    """A module docstring's first paragraph, for a command's --help: where it leads into the usage lines below it,
+    its colon becomes a full stop."""
+    first = doc.split("\n\n")[0].strip()
+    return first[:-1] + "." if first.endswith(":") else first
+
+
 class OneLineParser(argparse.ArgumentParser):
     """Command-line parsing whose errors are one line, `<name>: error: <message> (usage: ...)`, and exit code 2."""
 

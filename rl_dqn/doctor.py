@@ -39,7 +39,7 @@ from typing import NamedTuple
 
 from rl_dqn.config import (TENSORPIPE_CPU_CHANNELS, TENSORPIPE_CUDA_CHANNELS, TENSORPIPE_TRANSPORTS, Config,
                            ConfigError, load_config)
-from rl_dqn.console import OneLineParser, proc_stat
+from rl_dqn.console import OneLineParser, description, proc_stat
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = "configs/pong_cpu.yaml"
@@ -443,7 +443,7 @@ def acceptance_run(config: str, overrides: list[str], runs_dir: Path, steps: lis
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(prog="./launch/doctor.sh", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="./launch/doctor.sh", description=description(__doc__))
     parser.name = "doctor"
     parser.add_argument("config", nargs="?", default=None,
                         help=f"default {DEFAULT_CONFIG} ({NODE_CONFIG} with --gpu --quick)")

@@ -19,7 +19,7 @@ import textwrap
 from pathlib import Path
 from typing import NamedTuple
 
-from rl_dqn.console import OneLineParser, duration
+from rl_dqn.console import OneLineParser, description, duration
 
 
 class EvalPoint(NamedTuple):
@@ -242,7 +242,7 @@ def score_list(text: str) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(prog="python -m rl_dqn.plot", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="python -m rl_dqn.plot", description=description(__doc__))
     parser.name = "plot"
     parser.add_argument("runs", nargs="+", type=Path, help="run folders, e.g. runs/<name>")
     parser.add_argument("--out", type=Path, default=Path("curve.png"), help="the PNG to write (default curve.png)")

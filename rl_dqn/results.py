@@ -33,7 +33,7 @@ from typing import NamedTuple
 import yaml
 
 from envs.config import game_of
-from rl_dqn.console import OneLineParser, duration, first_line
+from rl_dqn.console import OneLineParser, description, duration, first_line
 from rl_dqn.plot import EvalPoint, PlotError, aligned, draw, draw_games, first_reaching, read_evals
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -694,7 +694,7 @@ def _anchor(title: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(prog="python -m rl_dqn.results", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="python -m rl_dqn.results", description=description(__doc__))
     parser.name = "results"
     parser.add_argument("what", nargs="*", metavar="record RUN_DIR BENCHMARK",
                         help="record a finished run; with nothing, write the page and its figures")

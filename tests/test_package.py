@@ -75,7 +75,10 @@ def test_each_subcommand_has_help_and_exits_0(command, capsys):
     with pytest.raises(SystemExit) as done:
         cli.main([command, "--help"])
     assert done.value.code == 0
-    assert capsys.readouterr().out.startswith("usage: ")
+    out = capsys.readouterr().out
+    assert out.startswith("usage: ")
+    # A description is a sentence, not one cut off where its module's docstring goes on to its usage lines.
+    assert ":\n\npositional arguments:" not in out and ":\n\noptions:" not in out, out
 
 
 def test_a_tool_keeps_its_own_arguments_and_one_line_errors(capsys):
