@@ -75,10 +75,11 @@ class Board:
         self.writer.add_custom_scalars(LAYOUT)
 
     def resume_at(self, env_steps: int) -> None:
-        """A resumed run: TensorBoard hides what an earlier process wrote from this step on (it was written after
-        the checkpoint the run resumes from), so each curve continues from the checkpoint."""
+        """A resumed run: TensorBoard hides what an earlier process wrote after the step of the checkpoint the run
+        resumes from, so each curve continues from the checkpoint. What it wrote at that step came before the
+        checkpoint (the evaluation that ended a run at its total, say) and stays."""
         self.writer.close()
-        self.writer = SummaryWriter(log_dir=self.writer.log_dir, flush_secs=10, purge_step=env_steps)
+        self.writer = SummaryWriter(log_dir=self.writer.log_dir, flush_secs=10, purge_step=env_steps + 1)
 
     def scalar(self, tag: str, value: float, step: int) -> None:
         self.writer.add_scalar(tag, value, step)

@@ -100,6 +100,23 @@ def test_training_episodes_at_the_return_epsilon_are_averaged_over_the_latest_en
     off.close()
 
 
+def test_a_resumed_runs_curves_keep_what_came_before_its_checkpoint_and_hide_what_came_after(tmp_path):
+    """A run that ended at its total with an evaluation at its last step, extended: that evaluation stays."""
+    from rl_dqn.metrics import Board
+    from rl_dqn.plot import load_events
+    cfg = load_config(ROOT / "configs/cartpole.yaml", ["run.name=t"])
+    first = Board(tmp_path, cfg)
+    for step, score in ((50, 1.0), (100, 2.0), (120, 9.0)):   # the checkpoint is at 100
+        first.scalar("eval/episode_return", score, step)
+    first.writer.close()
+    resumed = Board(tmp_path, load_config(ROOT / "configs/cartpole.yaml", ["run.name=t", "run.resume=true"]))
+    resumed.resume_at(100)
+    resumed.scalar("eval/episode_return", 3.0, 150)
+    resumed.writer.close()
+    curve = [(e.step, e.value) for e in load_events(tmp_path).Scalars("eval/episode_return")]
+    assert curve == [(50, 1.0), (100, 2.0), (150, 3.0)]
+
+
 @pytest.mark.parametrize("env_id, play", [("CartPole-v1", "play.sh {run}; "),
                                            ("ALE/Pong-v5", "play.sh {run} --video episode.mp4; ")])
 def test_the_closing_lines_say_how_to_watch_the_run_as_play_can(tmp_path, env_id, play):
