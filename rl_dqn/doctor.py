@@ -169,6 +169,8 @@ def load(config: str, overrides: list[str]) -> Config:
 
 def check(config: str, overrides: list[str], runs_dir: Path) -> tuple[list[str], Finding]:
     """Every line of the report and what it found, for `config` as it would run on this machine."""
+    import torch
+
     from rl_dqn.cli import check_env, check_replay_memory, check_run_dir, resume_check
     from rl_dqn.system import available_memory
     from rl_dqn.transport import place
@@ -186,7 +188,6 @@ def check(config: str, overrides: list[str], runs_dir: Path) -> tuple[list[str],
         check_run_dir(cfg)
     except ConfigError as e:
         return lines, Finding([str(e)], [])
-    import torch
     problems = []
     if cfg.cluster.rank == 0:   # the replay the learner allocates, as the launchers check it
         device = place(cfg, 0, torch.cuda.device_count()).device
