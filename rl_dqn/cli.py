@@ -342,8 +342,10 @@ def _local(cfg: Config, args) -> int:
     if cfg.cluster.world_size not in (0, 1 + cfg.collectors.count) or cfg.cluster.rank != 0:
         raise ConfigError("cluster.world_size", "a local run sizes itself from collectors.count; "
                                                 "leave cluster.world_size and cluster.rank unset")
-    # A run folder's config.yaml (cluster.single_node) names the port its run happened to take: a free one instead.
-    given = cfg.cluster.init_method if not cfg.cluster.single_node else ""
+    # A run folder's config.yaml (cluster.single_node) names the port its run happened to take: a free one instead,
+    # unless the command line names one.
+    named = any(item.startswith("cluster.init_method=") for item in args.overrides)
+    given = cfg.cluster.init_method if named or not cfg.cluster.single_node else ""
     init_method = given or f"tcp://127.0.0.1:{free_port()}"
     common = [*args.overrides, f"run.name={cfg.run.name}", f"cluster.init_method={init_method}",
               f"cluster.world_size={1 + cfg.collectors.count}", f"cluster.interface={cfg.cluster.interface or 'lo'}",

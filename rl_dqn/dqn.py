@@ -149,9 +149,9 @@ def linear_schedule(env_steps: int, start: float, end: float | None, start_env_s
                     ) -> float:
     """A value that holds at `start` until `start_env_steps`, goes linearly to `end` at `end_env_steps` and holds
     there; `start` throughout when `end` is None (train.lr to lr_end, train.n_step to n_step_end)."""
-    if end is None:
+    if end is None or end_env_steps <= start_env_steps:   # the run ends before the decay starts: it never does
         return start
-    fraction = (env_steps - start_env_steps) / max(end_env_steps - start_env_steps, 1)
+    fraction = (env_steps - start_env_steps) / (end_env_steps - start_env_steps)
     return start + min(max(fraction, 0.0), 1.0) * (end - start)
 
 

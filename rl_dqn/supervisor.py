@@ -134,6 +134,7 @@ class _Role:
         self.finish_output()
         self.restarts_left -= 1
         self.tail.clear()
+        self.progress = None   # the new process reports once it acts
         time.sleep(RESTART_DELAY_S)
         self._start()
 
@@ -250,9 +251,9 @@ def supervise(specs: list[RoleSpec], node: str, grace_s: float = 20.0, progress:
                           f"after being asked to stop", file=sys.stderr, flush=True)
                 _signal_all(roles, signal.SIGKILL)
                 break
-            # Only once what ended has been seen to: a node whose one role died starts it again, or fails with
-            # that role's exit code.
-            if all(role.process.poll() is not None for role in roles):
+            # Only once what ended has been seen to (the exit codes read at the top of this pass, not polled again):
+            # a node whose one role died starts it again, or fails with that role's exit code.
+            if all(role.process.returncode is not None for role in roles):
                 break
     finally:
         _take_down(roles)

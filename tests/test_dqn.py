@@ -170,6 +170,10 @@ def test_a_linear_schedule_holds_then_moves_linearly_then_holds():
     assert dqn.linear_schedule(50, 1e-3, 1e-4, 100, 300) == pytest.approx(1e-3)
     assert dqn.linear_schedule(200, 1e-3, 1e-4, 100, 300) == pytest.approx(5.5e-4)
     assert dqn.linear_schedule(900, 1e-3, 1e-4, 100, 300) == pytest.approx(1e-4)
+    # A run whose end (the decay's end, where it is the run's) comes before the decay's start never decays, also
+    # in the updates it makes past its total.
+    assert dqn.linear_schedule(20_100, 1e-3, 1e-4, 1_500_000, 20_000) == 1e-3
+    assert dqn.linear_schedule(20_100, 1e-3, 1e-4, 20_000, 20_000) == 1e-3
 
 
 def test_apex_epsilons():

@@ -398,6 +398,22 @@ def test_a_collector_that_dies_before_the_run_ends_still_fails_the_node(tmp_path
            "stopping the other roles" in err, err
 
 
+def test_a_role_that_ends_while_the_node_prints_its_line_is_seen_to_before_the_node_ends(capsys):
+    """The node's only role exits after the pass's poll read its exit codes, while the node prints its line: the
+    next pass handles that exit (here: a refusal of its input, exit 2, the node's), rather than the node ending
+    without having seen it."""
+    class WaitingLine:
+        def line(self, roles):
+            for role in roles:
+                if role.process.returncode is None:   # until it has exited, left for its Popen to collect
+                    os.waitid(os.P_PID, role.process.pid, os.WEXITED | os.WNOWAIT)
+            return None
+    refused = RoleSpec("collector0", [sys.executable, "-c", "import time; time.sleep(0.5); raise SystemExit(2)"],
+                       finishes_run=False, restarts=2)
+    assert supervise([refused], node="node", progress=WaitingLine()) == 2
+    assert capsys.readouterr().err.endswith("node: collector0 died (exited with code 2); stopping the other roles\n")
+
+
 def test_a_collector_nodes_line_speaks_of_silence_only_of_collectors_that_reported_before():
     from types import SimpleNamespace
 
