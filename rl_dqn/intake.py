@@ -37,6 +37,9 @@ class Intake:
         self._next_seq = [0] * cfg.num_collectors
         self._held: list[dict[int, Chunk]] = [{} for _ in range(cfg.num_collectors)]
         self._lane_sender = [-1] * cfg.num_collectors    # the process whose chunks each slot's lanes continue
+        # Per slot, a process and the seqs of its chunks that were refused: its later chunks go in without them.
+        self._gaps: list[tuple[int, set[int]]] = [(-1, set()) for _ in range(cfg.num_collectors)]
+        self._after_gap = [False] * cfg.num_collectors   # the next chunk into a slot's lanes follows a refused one
         self._waiting = collections.deque()              # deliveries whose answer is withheld
         self._chunk_env_steps = cfg.collectors.chunk_steps * cfg.env.envs_per_collector
         # What a chunk's tensors must be: field -> (shape, or None for any length, dtype).
@@ -55,8 +58,22 @@ class Intake:
         replay, or holds it, as ingest() does."""
         if (cause := self.refusal(chunk, standing)) is not None:
             self.rejected[cause] = self.rejected.get(cause, 0) + 1
+            self._leave_out(chunk, standing)
             return Admission(cause, self.rejected[cause] == 1, [])
         return Admission(None, False, self.ingest(chunk))
+
+    def _leave_out(self, chunk, standing: Standing) -> None:
+        """A refused chunk of the process whose chunks its slot's lanes continue, or are about to (the newest of
+        its slot): that process's later chunks go into replay without it, where they would wait for it forever."""
+        if not (isinstance(chunk, Chunk) and isinstance(chunk.collector, int)
+                and 0 <= chunk.collector < self.cfg.num_collectors and isinstance(chunk.seq, int) and chunk.seq >= 0):
+            return
+        i = chunk.collector
+        if chunk.sender != self._lane_sender[i] and standing is not Standing.NEWEST:
+            return
+        if self._gaps[i][0] != chunk.sender:
+            self._gaps[i] = (chunk.sender, set())
+        self._gaps[i][1].add(chunk.seq)
 
     def refusal(self, chunk, standing: Standing) -> str | None:
         """Why a delivery cannot enter replay (None: it can): one cause per kind of bad data. The value checks
@@ -115,21 +132,34 @@ class Intake:
         """Puts a checked chunk into replay once every earlier chunk of its collector is in; returns the chunks that
         entered now (none while it waits for an earlier one). A new process in a slot starts its lanes' next
         episodes (its first steps start episodes), so its chunks follow on from the chunks of the one it replaced;
-        that one's chunks still held back by a gap are dropped and counted."""
+        that one's chunks still held back by a gap are dropped and counted. A chunk that was refused is passed over
+        (once a later one arrives), and the chunk after it starts new episodes in its lanes."""
         i = chunk.collector
         if chunk.sender != self._lane_sender[i]:
             self._lane_sender[i] = chunk.sender
             self.dropped_chunks += len(self._held[i])
             self._held[i] = {}
             self._next_seq[i] = 0
+            self._after_gap[i] = False
         self._held[i][chunk.seq] = chunk
+        refused = self._gaps[i][1] if self._gaps[i][0] == chunk.sender else set()
         entered = []
-        while (ready := self._held[i].pop(self._next_seq[i], None)) is not None:
+        while True:
+            if (ready := self._held[i].pop(self._next_seq[i], None)) is not None:
+                if self._after_gap[i]:
+                    # The steps before it were refused: its first step starts each of its lanes' next episode,
+                    # as a new process's does (the previous chunk's last step ends a truncated one).
+                    ready = ready._replace(first=ready.first.clone())
+                    ready.first[0] = True
+                    self._after_gap[i] = False
+                self.replay.extend(i * self.cfg.env.envs_per_collector, ready)
+                self.env_steps += ready.env_steps
+                entered.append(ready)
+            elif self._next_seq[i] in refused:
+                self._after_gap[i] = True
+            else:
+                return entered
             self._next_seq[i] += 1
-            self.replay.extend(i * self.cfg.env.envs_per_collector, ready)
-            self.env_steps += ready.env_steps
-            entered.append(ready)
-        return entered
 
     # ------------------------------------------------------------------------------------- replay ratio
 

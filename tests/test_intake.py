@@ -126,3 +126,23 @@ def test_a_chunk_with_values_that_would_poison_replay_is_refused_and_sampling_go
     batch = learner.trainer.replay.sample(32, torch.Generator().manual_seed(0), 0.4, 1)
     assert torch.isfinite(batch.weights).all()
     learner.step()
+
+
+def test_a_refused_chunk_is_passed_over_and_the_collectors_later_chunks_enter_starting_new_episodes(tmp_path):
+    """One chunk with a NaN reward from a live collector: its later chunks, which would wait for it forever, enter
+    replay in order, the first of them starting new episodes in its lanes (the refused steps are not there for
+    its stacks and returns to continue). The refused chunk may arrive after the chunk that follows it."""
+    learner = make_learner(tmp_path)
+    intake = learner.intake
+    assert intake.admit(chain_chunk(0, seq=0, episodes=10), Standing.NEWEST).entered
+    after = chain_chunk(0, seq=2, episodes=10)
+    after.first[0] = False   # mid-episode, as a chunk usually begins
+    assert intake.admit(after, Standing.NEWEST).entered == []               # waits for seq 1
+    nan = chain_chunk(0, seq=1, episodes=10)._replace(rewards=torch.full((30, 2), float("nan")))
+    assert intake.admit(nan, Standing.NEWEST).refused == "non-finite reward"
+    entered = intake.admit(chain_chunk(0, seq=3, episodes=10), Standing.NEWEST).entered
+    assert [chunk.seq for chunk in entered] == [2, 3] and entered[0].first[0].all()
+    assert not after.first[0].any()   # the sender's tensors are left as they came
+    assert intake.env_steps == 3 * 60 and intake.rejected == {"non-finite reward": 1}
+    replay = learner.trainer.replay
+    assert replay.written[:2].tolist() == [90, 90] and replay.first[:2, 30].all()
