@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from rl_dqn.console import first_line
+from rl_dqn.console import first_line, say
 
 BEST = "best.pt"
 
@@ -58,13 +58,18 @@ def save(run_dir: Path, state: dict, replay: dict | None, updates: int, keep: in
          progress: Callable[[int], None] | None = None) -> Path:
     """checkpoint_<updates>.pt, and replay_<updates>.pt first when `replay` is given (the checkpoint names it);
     then only the newest `keep` checkpoints and the newest replay stay. `progress` hears the bytes written so far,
-    about once a second while the files are written."""
+    about once a second while the files are written. A replay that cannot be written (a full disk) does not keep
+    the checkpoint from being written without it; that is said in a line."""
     where = folder(run_dir)
     where.mkdir(parents=True, exist_ok=True)
     if replay is not None:
         replay_path = where / f"replay_{updates:09d}.pt"
-        save_atomically(replay, replay_path, progress)
-        state = state | {"replay_file": replay_path.name}
+        try:
+            save_atomically(replay, replay_path, progress)
+            state = state | {"replay_file": replay_path.name}
+        except OSError as e:
+            say("learner", f"warning: the replay could not be saved ({e.strerror or first_line(e)}: {replay_path}); "
+                           f"the checkpoint is written without it, and a resume starts with an empty replay")
     path = where / f"checkpoint_{updates:09d}.pt"
     save_atomically(state, path, progress)
     for old in all_of(run_dir)[:-keep]:
@@ -172,11 +177,15 @@ def load_state(path: Path) -> dict:
 
 def save_atomically(state: dict, path: Path, progress: Callable[[int], None] | None = None) -> None:
     partial = path.with_name(path.name + ".partial")
-    with open(partial, "wb") as f:
-        torch.save(state, _Writing(f, progress))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(partial, path)
+    try:
+        with open(partial, "wb") as f:
+            torch.save(state, _Writing(f, progress))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(partial, path)
+    except BaseException:   # a full disk, or a signal: a file cut short leaves no space taken
+        partial.unlink(missing_ok=True)
+        raise
 
 
 class _Writing:

@@ -398,6 +398,29 @@ def test_a_collector_that_dies_before_the_run_ends_still_fails_the_node(tmp_path
            "stopping the other roles" in err, err
 
 
+def test_a_replay_that_cannot_be_written_leaves_the_checkpoint_written_without_it_and_no_partial_file(
+        tmp_path, monkeypatch, capsys):
+    """A full disk while the replay (gigabytes) is written: the learned weights are still saved, and the replay's
+    partial file does not keep the space."""
+    import errno
+    writing = checkpoints._Writing
+
+    class FullDisk(writing):
+        def write(self, data):
+            if Path(self.f.name).name.startswith("replay_"):
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return super().write(data)
+    monkeypatch.setattr(checkpoints, "_Writing", FullDisk)
+    learner = make_learner(tmp_path)
+    learner.intake.ingest(chain_chunk(0, 0, episodes=30))
+    learner.step()
+    path = learner.save_checkpoint()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [path.name]
+    assert "replay_file" not in checkpoints.load_state(path) and checkpoints.load_state(path)["counters"]["updates"]
+    assert "[learner] warning: the replay could not be saved (No space left on device: " in capsys.readouterr().out
+    learner.close()
+
+
 def test_a_role_that_ends_while_the_node_prints_its_line_is_seen_to_before_the_node_ends(capsys):
     """The node's only role exits after the pass's poll read its exit codes, while the node prints its line: the
     next pass handles that exit (here: a refusal of its input, exit 2, the node's), rather than the node ending
