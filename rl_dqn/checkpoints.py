@@ -86,6 +86,15 @@ def save_best(run_dir: Path, state: dict) -> Path:
     return path
 
 
+def best_score(run_dir: Path) -> float | None:
+    """The evaluation score of the network best.pt holds; None where there is none, or it cannot be read."""
+    try:
+        score = read(best_path(run_dir), mmap=True)["eval"]["mean"]
+    except (CheckpointError, KeyError, TypeError):
+        return None
+    return float(score) if isinstance(score, (int, float)) else None
+
+
 class CheckpointError(ValueError):
     """A checkpoint or replay file that cannot be read as one: the file, and why in a few words."""
 

@@ -359,7 +359,9 @@ class Learner:
         self.next_eval = schedule["next_eval"]
         if replay is not None:
             self.trainer.replay.load_state_dict(replay)
-        self.report.resume_at(self.intake.env_steps, schedule["elapsed_s"], schedule["best_eval"])
+        # best.pt may hold a better round than the checkpoint knows of: one scored after it was written.
+        best = [score for score in (schedule["best_eval"], checkpoints.best_score(self.run_dir)) if score is not None]
+        self.report.resume_at(self.intake.env_steps, schedule["elapsed_s"], max(best, default=None))
         say("learner", f"resumed from {path.name}: {self.intake.env_steps:,} env steps, {self.trainer.updates:,} "
                        f"updates, weights v{self.weights_version}, replay {len(self.trainer.replay):,} transitions"
                        + ("" if replay is not None else f" ({self._no_replay(path, state)})"))

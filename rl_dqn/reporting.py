@@ -306,8 +306,8 @@ class Report:
             lines.append(f"newest checkpoint {found[-1]} (watch it: ./launch/play.sh {self.run_dir}{video}; "
                          f"continue the run: run.resume=true run.name={self.run_dir.name})")
         if (best := checkpoints.best_path(self.run_dir)).is_file():
-            lines.append(f"best evaluated network {best} (score {self.best_eval:.2f}; ./launch/play.sh "
-                         f"{self.run_dir} --best)")
+            score = f"score {self.best_eval:.2f}; " if self.best_eval is not None else ""
+            lines.append(f"best evaluated network {best} ({score}./launch/play.sh {self.run_dir} --best)")
         return lines
 
     def returns_at_epsilon(self, env_steps: int) -> dict | None:

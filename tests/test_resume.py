@@ -398,6 +398,27 @@ def test_a_collector_that_dies_before_the_run_ends_still_fails_the_node(tmp_path
            "stopping the other roles" in err, err
 
 
+def test_a_resume_knows_the_best_score_of_a_round_scored_after_its_checkpoint(tmp_path):
+    """best.pt, written after the newest checkpoint, holds a better network than the checkpoint knows of: a round
+    after the resume that scores less does not replace it, and the run's closing lines name its score."""
+    learner = make_learner(tmp_path)
+    learner.intake.ingest(chain_chunk(0, 0, episodes=30))
+    learner.step()
+    path = learner.save_checkpoint()   # its schedule knows of no evaluation
+    checkpoints.save_best(tmp_path, {"network": learner.trainer.network.state_dict(),
+                                     "eval": {"mean": 5.0, "std": 0.0, "episodes": 2, "env_steps": 60,
+                                              "weights_version": 0}})
+    learner.close()
+    resumed = make_learner(tmp_path, "run.resume=true")
+    resumed.restore(path)
+    assert resumed.report.best_eval == 5.0
+    mean, _, best = resumed.report.evaluated(120, 10.0, 1, [1.0, 3.0], None, 1.0, 1.0)
+    assert mean == 2.0 and not best
+    assert any("best evaluated network" in line and "(score 5.00; " in line
+               for line in resumed.closing_lines("done"))
+    resumed.close()
+
+
 def test_a_replay_that_cannot_be_written_leaves_the_checkpoint_written_without_it_and_no_partial_file(
         tmp_path, monkeypatch, capsys):
     """A full disk while the replay (gigabytes) is written: the learned weights are still saved, and the replay's
