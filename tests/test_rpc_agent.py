@@ -85,3 +85,25 @@ def test_a_join_that_fails_after_init_rpc_leaves_no_rpc_agent_running():
     with pytest.raises(TransportError, match="^failed joining the run: the learner's hello failed$"):
         _in_thread(work, threading.Event(), 30, "joining the run")
     assert not rpc.api._is_current_rpc_agent_set()
+
+
+def test_a_join_token_held_by_a_dead_joiner_is_taken_back_though_its_name_joined_before(monkeypatch):
+    """torch leaves each joiner's key "Done" in the store: a process of a name that joined before (a replacement
+    in the same slot) that dies holding the token must not keep the learner's admission thread spinning on that
+    old key, past its wait and past the run's end."""
+    import time
+
+    import pytest
+    monkeypatch.setattr(membership, "TOKEN_WAIT_S", 0.5)
+    store = dist.HashStore()
+    store.set(membership._RPC_PREFIX + "Token_for_collector3_join", "Done")   # its earlier process joined
+    store.set(membership._TOKEN_KEY, "Token_for_collector3_join")             # the new one died holding it
+    registry = membership.Registry(store, 4, on_replace=lambda slot: None)
+    with pytest.raises(membership.MembershipError, match="the run is over"):
+        with registry._token(give_up=lambda: True):
+            pass
+    started = time.monotonic()
+    with registry._token():
+        assert store.get(membership._TOKEN_KEY) == b"Token_for_learner_membership"
+    assert 0.5 <= time.monotonic() - started < 5
+    assert store.get(membership._TOKEN_KEY) == b""

@@ -46,6 +46,7 @@ _store: dist.Store | None = None    # this process's store, handed to init_rpc b
 _RPC_PREFIX = "rpc_prefix_0/"
 _MEMBERS_KEY = _RPC_PREFIX + "names/_ALL_WORKER_INFOS"
 _TOKEN_KEY = _RPC_PREFIX + "RpcGroupManagementToken"
+TOKEN_WAIT_S = 60.0   # how long the join token's holder may keep it before the learner takes it back
 
 
 def _handler(url: str, **kwargs):
@@ -273,15 +274,22 @@ class Registry:
         """Holds the group's join token, as torch's own joins do (a waiter waits for the holder's key); raises
         MembershipError if `give_up()` turns true meanwhile. Never on an RPC thread (see the module's docstring)."""
         mine = "Token_for_learner_membership"
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + TOKEN_WAIT_S
         while (held := self.store.compare_set(_TOKEN_KEY, "", mine).decode()) != mine:
-            if not _poll(self.store, _RPC_PREFIX + held, lambda: give_up() or time.monotonic() > deadline):
-                if give_up():
-                    raise MembershipError("the run is over")
+            if give_up():
+                raise MembershipError("the run is over")
+            if time.monotonic() > deadline:
                 # A joiner died holding the token (torch's join does not give it back when it fails): take it
                 # back, and wake whoever waits on it.
                 self.store.set(_RPC_PREFIX + held, "Done")
                 self.store.compare_set(_TOKEN_KEY, held, "")
+                deadline = time.monotonic() + TOKEN_WAIT_S
+            elif self.store.check([_RPC_PREFIX + held]):
+                # Its holder's key says done, but the token is still held: being given back, or the key is an
+                # earlier process's of the same name, which stays in the store. Try again shortly.
+                time.sleep(0.1)
+            else:   # the holder sets its key as it gives the token back
+                _poll(self.store, _RPC_PREFIX + held, lambda: give_up() or time.monotonic() > deadline)
         try:
             yield
         finally:
