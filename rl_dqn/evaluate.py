@@ -153,9 +153,12 @@ class Evaluator:
         try:
             outcome = self._results.get_nowait()
         except queue.Empty:
-            if not self.process.is_alive():
+            if self.process.is_alive():
+                return None
+            try:   # what it said as it ended may have reached the pipe after the read above
+                outcome = self._results.get(timeout=1.0)
+            except queue.Empty:
                 raise RuntimeError(f"the evaluator process exited with code {self.process.exitcode}") from None
-            return None
         self.busy = False
         if isinstance(outcome, str):
             raise RuntimeError(outcome)
@@ -179,7 +182,7 @@ def _evaluator_main(cfg_dict: dict, requests, results) -> None:
     configure_process()
     cfg = from_dict(cfg_dict)
     torch.set_num_threads(cfg.eval.torch_threads)
-    envs = []
+    envs, failed = [], False
     try:
         record = cfg.eval.video_max_steps if cfg.eval.video else 0
         for phase, (_, count) in enumerate(cfg.eval_phases):
@@ -200,10 +203,14 @@ def _evaluator_main(cfg_dict: dict, requests, results) -> None:
                          time.process_time() - cpu))
     except Exception as e:  # noqa: BLE001 - reported to the learner as one line
         results.put(f"evaluator failed: {type(e).__name__}: {first_line(e)}")
+        # os._exit() would end the queue's feeder thread before it has written the line to the learner.
+        results.close()
+        results.join_thread()
+        failed = True
     finally:
         for env in envs:
             env.close()
-        os._exit(0)
+        os._exit(1 if failed else 0)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -274,3 +274,17 @@ def test_play_given_a_damaged_checkpoint_says_what_is_wrong_in_one_line(tmp_path
     err = capsys.readouterr().err
     assert err == f"play: error: cannot play {path}: {reason} (play takes a run folder, runs/<name>, or a .pt file " \
                   f"of its checkpoints/)\n", err
+
+
+def test_an_evaluator_that_fails_says_why_to_the_learner():
+    """The evaluator process fails as it starts (here: a game its ale-py does not have): the learner hears its
+    error, not only that it exited."""
+    from rl_dqn.evaluate import Evaluator
+    evaluator = Evaluator(load_config(ROOT / "configs/smoke.yaml", ["env.id=ALE/NoSuchGame-v5"]))
+    try:
+        evaluator.process.join(timeout=60)
+        assert evaluator.process.exitcode == 1
+        with pytest.raises(RuntimeError, match="^evaluator failed: .*NoSuchGame"):
+            evaluator.poll()
+    finally:
+        evaluator.close()
