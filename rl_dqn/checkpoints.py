@@ -74,8 +74,13 @@ def save(run_dir: Path, state: dict, replay: dict | None, updates: int, keep: in
     save_atomically(state, path, progress)
     for old in all_of(run_dir)[:-keep]:
         old.unlink()
-    for old in sorted(where.glob("replay_*.pt"))[:-1]:
-        old.unlink()
+    # The newest replay that a kept checkpoint names (replay_N goes with checkpoint_N): an older one, or one whose
+    # checkpoint is gone (a run resumed with learner.checkpoint_replay off), is gigabytes that no resume reads.
+    kept = {old.name.removeprefix("checkpoint_") for old in all_of(run_dir)}
+    named = [old for old in sorted(where.glob("replay_*.pt")) if old.name.removeprefix("replay_") in kept]
+    for old in where.glob("replay_*.pt"):
+        if old not in named[-1:]:
+            old.unlink()
     return path
 
 

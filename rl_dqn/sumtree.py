@@ -3,7 +3,7 @@
 Every operation works on a whole batch as tensor ops on one device, CPU or CUDA, with no host sync except
 `count()`. The tree is wide (fan-out F, 512 by default), so 1M leaves sit 3 levels below the root and a batched `set`
 or `find` is a few kernel launches per level: on a GPU an update's cost is in its number of small kernels, not in
-their work, and on the CPU a row of 512 costs about what one of 64 does. Each level is a float64 tensor padded to a
+their work, and on the CPU a wider row costs little more than a narrow one. Each level is a float64 tensor padded to a
 multiple of F, so the F children of node n are `level.view(-1, F)[n]`. A parent is always recomputed as the sum of
 its children, never moved by a delta, so rounding errors cannot build up over millions of updates.
 """

@@ -206,6 +206,24 @@ def test_an_evaluation_round_never_takes_diverged_weights(tmp_path):
         learner.close()
 
 
+def test_a_replay_file_goes_once_no_kept_checkpoint_names_it(tmp_path):
+    """A run resumed with learner.checkpoint_replay off: its checkpoints hold no replay from then on, and the last
+    replay file goes with the last checkpoint that named it."""
+    learner = make_learner(tmp_path, "learner.keep_checkpoints=2")
+    learner.intake.ingest(chain_chunk(0, 0, episodes=30))
+    learner.step()
+    path = learner.save_checkpoint()
+    assert (tmp_path / "checkpoints" / "replay_000000001.pt").is_file()
+    resumed = make_learner(tmp_path, "learner.keep_checkpoints=2", "learner.checkpoint_replay=false")
+    resumed.restore(path)
+    for _ in range(3):
+        resumed.step()
+        resumed.save_checkpoint()
+        named = (tmp_path / "checkpoints" / "checkpoint_000000001.pt").is_file()
+        assert (tmp_path / "checkpoints" / "replay_000000001.pt").is_file() == named
+    assert not list((tmp_path / "checkpoints").glob("replay_*"))
+
+
 def test_checkpoints_are_complete_pruned_and_resume_everything(tmp_path):
     learner = make_learner(tmp_path, "learner.keep_checkpoints=2")
     learner.intake.ingest(chain_chunk(0, 0, episodes=30))
