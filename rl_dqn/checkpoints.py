@@ -77,6 +77,8 @@ def save(run_dir: Path, state: dict, replay: dict | None, updates: int, keep: in
     # The newest replay that a kept checkpoint names (replay_N goes with checkpoint_N): an older one, or one whose
     # checkpoint is gone (a run resumed with learner.checkpoint_replay off), is gigabytes that no resume reads.
     kept = {old.name.removeprefix("checkpoint_") for old in all_of(run_dir)}
+    if "replay_file" not in state:   # this checkpoint_N, written again, may no longer name the replay_N beside it
+        kept.discard(path.name.removeprefix("checkpoint_"))
     named = [old for old in sorted(where.glob("replay_*.pt")) if old.name.removeprefix("replay_") in kept]
     for old in where.glob("replay_*.pt"):
         if old not in named[-1:]:

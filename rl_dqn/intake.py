@@ -37,8 +37,8 @@ class Intake:
         self._next_seq = [0] * cfg.num_collectors
         self._held: list[dict[int, Chunk]] = [{} for _ in range(cfg.num_collectors)]
         self._lane_sender = [-1] * cfg.num_collectors    # the process whose chunks each slot's lanes continue
-        # Per slot, a process and the seqs of its chunks that were refused: its later chunks go in without them.
-        self._gaps: list[tuple[int, set[int]]] = [(-1, set()) for _ in range(cfg.num_collectors)]
+        # Per slot, the seqs of each process's chunks that were refused: its later chunks go in without them.
+        self._gaps: list[dict[int, set[int]]] = [{} for _ in range(cfg.num_collectors)]
         self._after_gap = [False] * cfg.num_collectors   # the next chunk into a slot's lanes follows a refused one
         self._waiting = collections.deque()              # deliveries whose answer is withheld
         self._chunk_env_steps = cfg.collectors.chunk_steps * cfg.env.envs_per_collector
@@ -71,9 +71,7 @@ class Intake:
         i = chunk.collector
         if chunk.sender != self._lane_sender[i] and standing is not Standing.NEWEST:
             return
-        if self._gaps[i][0] != chunk.sender:
-            self._gaps[i] = (chunk.sender, set())
-        self._gaps[i][1].add(chunk.seq)
+        self._gaps[i].setdefault(chunk.sender, set()).add(chunk.seq)
 
     def refusal(self, chunk, standing: Standing) -> str | None:
         """Why a delivery cannot enter replay (None: it can): one cause per kind of bad data. The value checks
@@ -141,8 +139,9 @@ class Intake:
             self._held[i] = {}
             self._next_seq[i] = 0
             self._after_gap[i] = False
+            self._gaps[i] = {chunk.sender: self._gaps[i].get(chunk.sender, set())}   # the replaced one's go
         self._held[i][chunk.seq] = chunk
-        refused = self._gaps[i][1] if self._gaps[i][0] == chunk.sender else set()
+        refused = self._gaps[i].get(chunk.sender, set())
         entered = []
         while True:
             if (ready := self._held[i].pop(self._next_seq[i], None)) is not None:

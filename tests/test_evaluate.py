@@ -276,6 +276,7 @@ def test_play_given_a_damaged_checkpoint_says_what_is_wrong_in_one_line(tmp_path
                   f"of its checkpoints/)\n", err
 
 
+@pytest.mark.slow   # a process of its own
 def test_an_evaluator_that_fails_says_why_to_the_learner():
     """The evaluator process fails as it starts (here: a game its ale-py does not have): the learner hears its
     error, not only that it exited."""

@@ -128,6 +128,19 @@ def test_a_chunk_with_values_that_would_poison_replay_is_refused_and_sampling_go
     learner.step()
 
 
+def test_refused_chunks_of_a_process_and_of_the_one_it_replaces_are_each_passed_over(tmp_path):
+    """A new process's first chunk is refused, then one of the process it replaces still in flight: each one's
+    later chunks go on without its refused one."""
+    learner = make_learner(tmp_path)
+    intake = learner.intake
+    nan = {"rewards": torch.full((30, 2), float("nan"))}
+    assert intake.admit(chain_chunk(0, seq=0, episodes=10)._replace(sender=1), Standing.NEWEST).entered
+    assert intake.admit(chain_chunk(0, seq=0, episodes=10)._replace(sender=2, **nan), Standing.NEWEST).refused
+    assert intake.admit(chain_chunk(0, seq=1, episodes=10)._replace(sender=1, **nan), Standing.FORMER).refused
+    entered = intake.admit(chain_chunk(0, seq=1, episodes=10)._replace(sender=2), Standing.NEWEST).entered
+    assert [(chunk.sender, chunk.seq) for chunk in entered] == [(2, 1)] and intake.env_steps == 2 * 60
+
+
 def test_a_refused_chunk_is_passed_over_and_the_collectors_later_chunks_enter_starting_new_episodes(tmp_path):
     """One chunk with a NaN reward from a live collector: its later chunks, which would wait for it forever, enter
     replay in order, the first of them starting new episodes in its lanes (the refused steps are not there for

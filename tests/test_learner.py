@@ -224,6 +224,15 @@ def test_a_replay_file_goes_once_no_kept_checkpoint_names_it(tmp_path):
     assert not list((tmp_path / "checkpoints").glob("replay_*"))
 
 
+def test_a_checkpoint_written_again_without_its_replay_takes_the_old_replay_file_with_it(tmp_path):
+    """A resumed run that ends, with no collector, at the update count it resumed from writes checkpoint_N again:
+    without the replay (learner.checkpoint_replay off, or a full disk), replay_N is no longer named by anything."""
+    checkpoints.save(tmp_path, {"counters": {}}, {"frames": torch.zeros(3)}, updates=5, keep=2)
+    assert (tmp_path / "checkpoints" / "replay_000000005.pt").is_file()
+    checkpoints.save(tmp_path, {"counters": {}}, None, updates=5, keep=2)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["checkpoint_000000005.pt"]
+
+
 def test_checkpoints_are_complete_pruned_and_resume_everything(tmp_path):
     learner = make_learner(tmp_path, "learner.keep_checkpoints=2")
     learner.intake.ingest(chain_chunk(0, 0, episodes=30))
