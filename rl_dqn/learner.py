@@ -389,18 +389,7 @@ class Learner:
             # A learner whose run() never began (its transport failed to start, or its first publish) has learned
             # nothing since it started: a resumed run's checkpoint, replay and summary stay as they are.
             if self.ended is not None:
-                diverged_now = self.ended != "diverged" and not self.trainer.finite()
-                if diverged_now:
-                    self.ended = "diverged"
-                if self.ended != "diverged":
-                    replay = self.trainer.replay
-                    size = bytes_needed(len(replay), replay.frames.shape[2:], replay.frames.dtype)
-                    if self.cfg.learner.checkpoint_replay and size >= 1 << 30:   # a file that takes a while to write
-                        say("learner", f"writing the last checkpoint with the replay's {len(replay):,} transitions "
-                                       f"({size / 2**30:.1f} GiB), for run.resume")
-                    self.save_checkpoint()
-                self.log()
-                self.write_summary()
+                diverged_now = self._save_last()
         finally:
             self.report.close()
             try:
@@ -413,6 +402,23 @@ class Learner:
             raise self._diverged()
         if diverged_now:
             say("learner", self._diverged().args[0])
+
+    def _save_last(self) -> bool:
+        """The last checkpoint (unless the weights diverged), metrics and summary; whether the weights were found
+        diverged only now."""
+        diverged_now = self.ended != "diverged" and not self.trainer.finite()
+        if diverged_now:
+            self.ended = "diverged"
+        if self.ended != "diverged":
+            replay = self.trainer.replay
+            size = bytes_needed(len(replay), replay.frames.shape[2:], replay.frames.dtype)
+            if self.cfg.learner.checkpoint_replay and size >= 1 << 30:   # a file that takes a while to write
+                say("learner", f"writing the last checkpoint with the replay's {len(replay):,} transitions "
+                               f"({size / 2**30:.1f} GiB), for run.resume")
+            self.save_checkpoint()
+        self.log()
+        self.write_summary()
+        return diverged_now
 
     def write_summary(self) -> None:
         self.report.write_summary(self.counters(), self.ended)
