@@ -115,3 +115,44 @@ def test_a_join_token_held_by_a_dead_joiner_is_taken_back_though_its_name_joined
         assert not waiting.is_alive() and time.monotonic() - started < 5
     assert outcomes == ["the run is over", b"Token_for_learner_membership"]
     assert store.get(membership._TOKEN_KEY) == b""
+
+
+def test_the_admission_thread_goes_on_after_a_store_call_fails(monkeypatch, caplog):
+    """A store call that fails once must not end admissions for the rest of the run (no collector could join or
+    rejoin then), nor admit the same ticket twice."""
+    import time
+
+    class Store(dist.HashStore):
+        fail = {"get": 1, "set": 1}
+
+        def get(self, key):
+            if key.startswith("rl_dqn/claim/") and self.fail["get"]:
+                self.fail["get"] -= 1
+                raise RuntimeError("connection reset by peer")
+            return super().get(key)
+
+        def set(self, key, value):
+            if key.startswith("rl_dqn/admit/") and self.fail["set"]:
+                self.fail["set"] -= 1
+                raise RuntimeError("broken pipe")
+            return super().set(key, value)
+
+    store = Store()
+    outside = []
+    registry = membership.Registry(store, 2, on_replace=lambda slot: None,
+                                   on_outside=lambda slot, why: outside.append(slot))
+    registry._thread.start()
+    try:
+        for ticket, slot in ((1, "7"), (2, "8")):
+            store.set(f"rl_dqn/claim/{ticket}", slot)
+            deadline = time.monotonic() + 10
+            while not store.check([f"rl_dqn/admit/{ticket}"]) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert store.check([f"rl_dqn/admit/{ticket}"]), f"ticket {ticket} never answered"
+            assert store.get(f"rl_dqn/admit/{ticket}").decode().startswith("outside ")
+    finally:
+        registry.close()
+    assert outside == ["7", "8"]    # each ticket judged once, though its verdict's first store failed
+    warnings = [r.getMessage() for r in caplog.records if r.name == "rl_dqn.learner"]
+    assert warnings == ["warning: admitting collectors to the run failed (connection reset by peer); trying again",
+                        "warning: admitting collectors to the run failed (broken pipe); trying again"]

@@ -38,6 +38,8 @@ import torch.distributed as dist
 import torch.distributed.rpc as rpc
 from torch.distributed.rendezvous import register_rendezvous_handler
 
+from rl_dqn.console import first_line, say
+
 SCHEME = "rldqn"
 _store: dist.Store | None = None    # this process's store, handed to init_rpc by the rendezvous handler below
 
@@ -201,24 +203,32 @@ class Registry:
         self._trim_wanted.set()
 
     def _serve(self) -> None:
-        """Admits the tickets in order and trims the member list when asked, until close()."""
-        ticket = 1
-        try:
-            while not self._closed.is_set():
+        """Admits the tickets in order and trims the member list when asked, until close(). A store call that
+        fails meanwhile is tried again (with a warning), so that collectors can still join and rejoin."""
+        ticket, verdict, failing = 1, None, ""
+        while not self._closed.is_set():
+            try:
                 claim = f"rl_dqn/claim/{ticket}"
-                if self.store.check([claim]):
+                if verdict is None and self.store.check([claim]):
                     self._trim_wanted.clear()   # an admission trims
                     verdict = self._admit(ticket, self.store.get(claim).decode())
+                if verdict is not None:     # kept until it is stored: a ticket is admitted once
                     self.store.set(f"rl_dqn/admit/{ticket}", verdict)
-                    ticket += 1
+                    ticket, verdict = ticket + 1, None
                 elif self._trim_wanted.is_set():
                     self._trim_wanted.clear()
                     with contextlib.suppress(MembershipError):   # the run is over
                         self.keep_learner_only()
                 else:
                     self._trim_wanted.wait(0.1)
-        except RuntimeError:
-            return      # the store is closing with the process
+                failing = ""
+            except RuntimeError as e:
+                if self._closed.is_set():
+                    return      # the store is closing with the run
+                if first_line(e) != failing:
+                    failing = first_line(e)
+                    say("learner", f"warning: admitting collectors to the run failed ({failing}); trying again")
+                self._closed.wait(1.0)
 
     def _admit(self, ticket: int, slot_text: str) -> str:
         if not slot_text.isdigit() or int(slot_text) >= self.slots:
