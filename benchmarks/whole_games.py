@@ -27,7 +27,7 @@ import arguments  # noqa: E402  (benchmarks/arguments.py, beside this script)
 from rl_dqn import checkpoints  # noqa: E402
 from envs import EnvConfig, EnvError  # noqa: E402
 from rl_dqn.config import ConfigError, load_config  # noqa: E402
-from rl_dqn.evaluate import evaluate  # noqa: E402
+from rl_dqn.evaluate import evaluate, load_player  # noqa: E402
 from rl_dqn.results import RESULTS, ResultsError, benchmarks, whole_games_path  # noqa: E402
 from rl_dqn.system import code_version, machine  # noqa: E402
 
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         epsilon = load_config(path.parent / "config.yaml").eval.epsilon   # the run's, as its record keeps it
         try:
-            scores = evaluate(checkpoint, args.episodes, epsilon, args.seed, max_episode_frames=args.max_episode_frames)
+            scores = evaluate(*load_player(checkpoint), args.episodes, epsilon, args.seed, max_episode_frames=args.max_episode_frames)
         except checkpoints.CheckpointError as e:
             print(f"whole_games: error: {checkpoint} could not be played: {e.reason}", file=sys.stderr)
             return 1

@@ -102,13 +102,12 @@ def load_player(checkpoint: Path) -> tuple[Config, QNetwork]:
     return cfg, network.for_acting()
 
 
-def evaluate(checkpoint: Path, episodes: int = 20, epsilon: float | None = None, seed: int = 12345,
+def evaluate(cfg: Config, network: QNetwork, episodes: int = 20, epsilon: float | None = None, seed: int = 12345,
              record: Callable[[np.ndarray], None] | None = None, record_steps: int = 0,
              max_episode_frames: int | None = None) -> list[float]:
-    """Raw scores of `episodes` episodes played by the checkpoint's network, epsilon-greedy (`None`: the run's
-    eval.epsilon), each cut at `max_episode_frames` (`None`: where the run's evaluation cuts them), in `play`'s
-    order; env 0's screens go to `record`, and its first episode's score is `scores[0]`."""
-    cfg, network = load_player(checkpoint)
+    """Raw scores of `episodes` episodes played by a checkpoint's network (`load_player`), epsilon-greedy (`None`:
+    the run's eval.epsilon), each cut at `max_episode_frames` (`None`: where the run's evaluation cuts them), in
+    `play`'s order; env 0's screens go to `record`, and its first episode's score is `scores[0]`."""
     env_cfg = cfg.eval_env if max_episode_frames is None else \
         dataclasses.replace(cfg.eval_env, max_episode_frames=max_episode_frames)
     env = make_vector_env(env_cfg, min(cfg.eval.envs, episodes), seed=seed, screen=record is not None)
@@ -257,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.run.is_dir():
             checkpoint = checkpoints.best(args.run) if args.best else checkpoints.newest(args.run)
-        cfg, _ = load_player(checkpoint)
+        cfg, network = load_player(checkpoint)
     except FileNotFoundError as e:
         return _fail(str(e))
     except checkpoints.CheckpointError as e:
@@ -273,13 +272,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.video is not None:
             video = VideoFile(args.video, fps_of(cfg.env.frame_skip))
             steps = args.video_max_steps or (3_000 if video.gif else 27_000)
-        scores = evaluate(checkpoint, args.episodes, args.epsilon, args.seed,
+        scores = evaluate(cfg, network, args.episodes, args.epsilon, args.seed,
                           video.add if video is not None else None, steps if video is not None else 0,
                           args.max_episode_frames)
         if video is not None:
             video.close()
-    except (ConfigError, EnvError, VideoError) as e:
-        return _fail(str(e))
+    except BaseException as e:
+        if video is not None:
+            video.discard()     # no half-written video is left behind, whatever stopped the play
+        if isinstance(e, (ConfigError, EnvError, VideoError)):
+            return _fail(str(e))
+        raise
     mean = sum(scores) / len(scores)
     std = (sum((s - mean) ** 2 for s in scores) / len(scores)) ** 0.5
     epsilon = f"epsilon {args.epsilon:g}" if args.epsilon is not None else \

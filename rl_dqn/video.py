@@ -67,8 +67,18 @@ class VideoFile:
                 try:
                     self.path.write_bytes(gif_bytes(self.frames, self.fps))
                 except OSError as e:
+                    self.path.unlink(missing_ok=True)   # cut short
                     raise VideoError(f"cannot write {self.path}: {e.strerror}") from None
             self.frames = []
         elif self._writer is not None:
             self._writer.release()
             self._writer = None
+
+    def discard(self) -> None:
+        """Drops what was added, and the file it was written to so far (an mp4 is written as frames come): what an
+        unfinished play recorded is not a video of its episode."""
+        self.frames = []
+        if self._writer is not None:
+            self._writer.release()
+            self._writer = None
+            self.path.unlink(missing_ok=True)

@@ -102,6 +102,29 @@ def test_play_sh_reports_the_score_of_the_episode_in_its_video_though_another_en
             "episode's)") in out
 
 
+def test_play_reads_its_checkpoint_once_and_leaves_no_half_video_when_the_env_fails(tmp_path, monkeypatch, capsys):
+    from envs import EnvError
+    cfg = load_config(ROOT / "configs/pong_cpu.yaml", ["eval.envs=1"])
+    network = QNetwork((1, 2), 2, mlp_hidden=(4,)).for_acting()
+    loads = []
+
+    class Failing(ScriptedEpisodes):
+        screen = np.zeros((16, 16, 3), dtype=np.uint8)
+
+        def step(self, actions):
+            if self.left[0] == 2:
+                raise EnvError("the emulator stopped answering")
+            return super().step(actions)
+    monkeypatch.setattr(rl_dqn.evaluate, "load_player", lambda checkpoint: loads.append(checkpoint) or (cfg, network))
+    monkeypatch.setattr(rl_dqn.evaluate, "make_vector_env", lambda *args, **kwargs: Failing([[5, 1]]))
+    checkpoint = tmp_path / "checkpoint.pt"
+    checkpoint.write_bytes(b"")
+    assert main([str(checkpoint), "--episodes", "1", "--video", str(tmp_path / "episode.mp4")]) == 2
+    assert capsys.readouterr().err == "play: error: the emulator stopped answering\n"
+    assert loads == [checkpoint]
+    assert list(tmp_path.iterdir()) == [checkpoint]     # the mp4 it had begun is gone
+
+
 def test_play_cuts_episodes_where_it_is_told_or_where_the_run_evaluates(tmp_path, monkeypatch, capsys):
     cfg = load_config(ROOT / "configs/atari_cpu.yaml", ["eval.envs=2"])
     network = QNetwork((1, 2), 2, mlp_hidden=(4,)).for_acting()

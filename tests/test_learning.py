@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rl_dqn import checkpoints
-from rl_dqn.evaluate import evaluate
+from rl_dqn.evaluate import evaluate, load_player
 
 ROOT = Path(__file__).resolve().parents[1]
 STOP = 400
@@ -31,9 +31,9 @@ def test_cartpole_reaches_195(tmp_path, monkeypatch):
     result = subprocess.run([str(ROOT / "launch/local.sh"), "configs/cartpole.yaml", "run.name=learn",
                              f"eval.stop_score={STOP}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    best = evaluate(checkpoints.best(tmp_path / "learn"), episodes=20, epsilon=0.0)
+    best = evaluate(*load_player(checkpoints.best(tmp_path / "learn")), episodes=20, epsilon=0.0)
     elapsed = time.monotonic() - started
-    newest = evaluate(checkpoints.newest(tmp_path / "learn"), episodes=20, epsilon=0.0)
+    newest = evaluate(*load_player(checkpoints.newest(tmp_path / "learn")), episodes=20, epsilon=0.0)
     mean = sum(best) / len(best)
     print(f"CartPole: mean greedy return {mean:.1f} over 20 episodes (best.pt), {sum(newest) / 20:.1f} (newest "
           f"checkpoint), {elapsed:.0f} s from launch to evaluation")
