@@ -49,9 +49,12 @@ TOOLS = {"play": ("rl_dqn.evaluate", "play a trained agent: episodes at eval.eps
          "results": ("rl_dqn.results", "docs/results.md from the records under results/")}
 
 
+def _prog() -> str:
+    return "rl-dqn" if Path(sys.argv[0]).name == "rl-dqn" else "python -m rl_dqn"
+
+
 def _parser() -> argparse.ArgumentParser:
-    prog = "rl-dqn" if Path(sys.argv[0]).name == "rl-dqn" else "python -m rl_dqn"
-    parser = OneLineParser(prog=prog, description=description(__doc__))
+    parser = OneLineParser(prog=_prog(), description=description(__doc__))
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     for name, text in (("local", "learner and collectors on this node"), ("learner", "the learner process"),
                        ("collectors", "this node's collector processes"), ("collector", "one collector process"),
@@ -70,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in TOOLS:
-        return importlib.import_module(TOOLS[argv[0]][0]).main(argv[1:])
+        return importlib.import_module(TOOLS[argv[0]][0]).main(argv[1:], prog=f"{_prog()} {argv[0]}")
     # The run's launch, for its roles' start-up lines: this process's start where no launcher set it before.
     os.environ.setdefault(LAUNCHED_AT_ENV, repr(process_started_at() or time.time()))
     args = _parser().parse_args(argv)

@@ -443,8 +443,8 @@ def acceptance_run(config: str, overrides: list[str], runs_dir: Path, steps: lis
     return 1 if failed else 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(prog="./launch/doctor.sh", description=description(__doc__))
+def main(argv: list[str] | None = None, prog: str = "./launch/doctor.sh") -> int:
+    parser = OneLineParser(prog=prog, description=description(__doc__))
     parser.name = "doctor"
     parser.add_argument("config", nargs="?", default=None,
                         help=f"default {DEFAULT_CONFIG} ({NODE_CONFIG} with --gpu --quick)")

@@ -212,8 +212,8 @@ def _evaluator_main(cfg_dict: dict, requests, results) -> None:
         os._exit(1 if failed else 0)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(prog="./launch/play.sh", description="Plays a trained agent: episodes of a run's "
+def main(argv: list[str] | None = None, prog: str = "./launch/play.sh") -> int:
+    parser = OneLineParser(prog=prog, description="Plays a trained agent: episodes of a run's "
                                      "newest checkpoint (its best-scoring one with --best, or a given file), "
                                      "epsilon-greedy at the run's eval.epsilon unless --epsilon says otherwise; "
                                      "their mean raw score, and a video of env 0's first episode.")

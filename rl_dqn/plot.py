@@ -241,8 +241,8 @@ def score_list(text: str) -> list[float]:
     return scores
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(prog="python -m rl_dqn.plot", description=description(__doc__))
+def main(argv: list[str] | None = None, prog: str = "python -m rl_dqn.plot") -> int:
+    parser = OneLineParser(prog=prog, description=description(__doc__))
     parser.name = "plot"
     parser.add_argument("runs", nargs="+", type=Path, help="run folders, e.g. runs/<name>")
     parser.add_argument("--out", type=Path, default=Path("curve.png"), help="the PNG to write (default curve.png)")

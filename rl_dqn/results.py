@@ -693,8 +693,8 @@ def _anchor(title: str) -> str:
     return "".join(c for c in title.lower() if c.isalnum() or c in " -_").replace(" ", "-")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(prog="python -m rl_dqn.results", description=description(__doc__))
+def main(argv: list[str] | None = None, prog: str = "python -m rl_dqn.results") -> int:
+    parser = OneLineParser(prog=prog, description=description(__doc__))
     parser.name = "results"
     parser.add_argument("what", nargs="*", metavar="record RUN_DIR BENCHMARK",
                         help="record a finished run; with nothing, write the page and its figures")

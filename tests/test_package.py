@@ -76,7 +76,7 @@ def test_each_subcommand_has_help_and_exits_0(command, capsys):
         cli.main([command, "--help"])
     assert done.value.code == 0
     out = capsys.readouterr().out
-    assert out.startswith("usage: ")
+    assert out.startswith(f"usage: python -m rl_dqn {command} ")   # the command it was given, not the module's
     # A description is a sentence, not one cut off where its module's docstring goes on to its usage lines.
     assert ":\n\npositional arguments:" not in out and ":\n\noptions:" not in out, out
 
