@@ -120,7 +120,7 @@ def random_chunk(collector: int, seq: int, envs: int, generator: torch.Generator
 
 def measure(learner: Learner, seconds: float) -> tuple[float, float, float]:
     """Seconds per update, the process's CPU seconds per update, and seconds per sample() alone."""
-    torch.set_num_threads(torch_threads(learner.cfg))
+    torch.set_num_threads(torch_threads(learner.cfg, learner.device))
     replay, generator, batch = learner.trainer.replay, learner.trainer.generator, learner.cfg.train.batch_size
     step, cpu = timed(learner.step, learner.device, seconds)
     sample, _ = timed(lambda: replay.sample(batch, generator, 0.5), learner.device, seconds / 2)

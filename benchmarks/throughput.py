@@ -153,11 +153,11 @@ def learner_updates(cfg, seconds: float) -> float:
     holding 500 steps of each collector's envs, random Pong-shaped frames."""
     from envs import describe_env
     from rl_dqn.types import Chunk
-    torch.set_num_threads(torch_threads(cfg))
     spec = describe_env(cfg.env)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, replay_capacity=50_000, learning_starts=32))
     with tempfile.TemporaryDirectory() as run_dir:
         learner = Learner(cfg, spec, Path(run_dir))
+        torch.set_num_threads(torch_threads(cfg, learner.device))
         T, E = 500, cfg.env.envs_per_collector
         for collector in range(cfg.num_collectors):
             learner.intake.ingest(Chunk(collector, 0, 0, torch.randint(0, 255, (T, E, 84, 84), dtype=torch.uint8),

@@ -527,7 +527,7 @@ def _learner(cfg: Config, args) -> int:
         return 0
     folder = _make_run_dir(cfg)
     stop = _stop_on_signals()
-    torch.set_num_threads(torch_threads(cfg))
+    torch.set_num_threads(torch_threads(cfg, placement.device))
     configure_process()
     learner = Learner(cfg, spec, folder, stop=stop, device=placement.device, launched_at=launched_at(),
                       startup=startup)

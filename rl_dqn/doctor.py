@@ -109,16 +109,16 @@ def roles(cfg: Config) -> tuple[list[str], list[str]]:
     import torch
 
     from rl_dqn.network import describe_precision
-    from rl_dqn.trainer import torch_threads
+    from rl_dqn.trainer import compute_threads, torch_threads
     from rl_dqn.transport import eval_device, place
     gpus = torch.cuda.device_count()
     lines, advice = [], []
-    compute_threads = 2 if cfg.learner.overlap else 1
     if cfg.cluster.rank == 0:
         learner = place(cfg, 0, gpus)
         precision, warning = describe_precision(cfg.network.precision, learner.device)
-        lines.append(f"  learner: {learner.device}, {precision}; {compute_threads} compute thread"
-                     f"{'s' if compute_threads > 1 else ''} x {torch_threads(cfg)} torch thread(s)")
+        threads = compute_threads(cfg, learner.device)
+        lines.append(f"  learner: {learner.device}, {precision}; {threads} compute thread"
+                     f"{'s' if threads > 1 else ''} x {torch_threads(cfg, learner.device)} torch thread(s)")
         advice += [warning] if warning else []
     if cfg.cluster.single_node or cfg.cluster.rank > 0:
         # launch/local.sh starts a one-node run's collectors as a collector node of rank 1.

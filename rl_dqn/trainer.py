@@ -22,10 +22,18 @@ from rl_dqn.replay import ReplayMemory
 from rl_dqn.types import Weights
 
 
-def torch_threads(cfg: Config) -> int:
+def compute_threads(cfg: Config, device: torch.device) -> int:
+    """The learner's compute threads on `device`: the training thread, and with learner.overlap the one preparing
+    batches, except where the update is a captured CUDA graph (learner.cuda_graph on a GPU): one launch, with
+    nothing to overlap."""
+    captured = cfg.learner.cuda_graph and device.type == "cuda"
+    return 2 if cfg.learner.overlap and not captured else 1
+
+
+def torch_threads(cfg: Config, device: torch.device) -> int:
     """Intra-op threads for each of the learner's compute threads: learner.torch_threads, or the CPU cores shared
     out among them (see Trainer.step())."""
-    return cfg.learner.torch_threads or max(1, (os.cpu_count() or 1) // (2 if cfg.learner.overlap else 1))
+    return cfg.learner.torch_threads or max(1, (os.cpu_count() or 1) // compute_threads(cfg, device))
 
 
 class Update(NamedTuple):

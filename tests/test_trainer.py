@@ -519,9 +519,15 @@ def test_with_overlap_only_drawable_entries_hold_a_priority_as_chunks_come_in_be
 
 def test_the_learner_shares_the_cores_out_among_its_compute_threads(monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    cpu, gpu = torch.device("cpu"), torch.device("cuda:0")
     cfg = load_config(ROOT / "configs/cartpole.yaml", ["run.name=t"])
-    assert cfg.learner.overlap and torch_threads(cfg) == 8
-    assert torch_threads(load_config(ROOT / "configs/cartpole.yaml", ["run.name=t", "learner.overlap=false"])) == 16
-    assert torch_threads(load_config(ROOT / "configs/cartpole.yaml", ["run.name=t", "learner.torch_threads=3"])) == 3
+    assert cfg.learner.overlap and cfg.learner.cuda_graph and torch_threads(cfg, cpu) == 8
+    assert torch_threads(cfg, gpu) == 16     # a captured update has no helper thread to share them with
+    assert torch_threads(load_config(ROOT / "configs/cartpole.yaml", ["run.name=t", "learner.cuda_graph=false"]),
+                         gpu) == 8
+    assert torch_threads(load_config(ROOT / "configs/cartpole.yaml", ["run.name=t", "learner.overlap=false"]),
+                         cpu) == 16
+    assert torch_threads(load_config(ROOT / "configs/cartpole.yaml", ["run.name=t", "learner.torch_threads=3"]),
+                         cpu) == 3
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
-    assert torch_threads(cfg) == 1
+    assert torch_threads(cfg, cpu) == 1
