@@ -59,9 +59,12 @@ def save(run_dir: Path, state: dict, replay: dict | None, updates: int, keep: in
     """checkpoint_<updates>.pt, and replay_<updates>.pt first when `replay` is given (the checkpoint names it);
     then only the newest `keep` checkpoints and the newest replay stay. `progress` hears the bytes written so far,
     about once a second while the files are written. A replay that cannot be written (a full disk) does not keep
-    the checkpoint from being written without it; that is said in a line."""
+    the checkpoint from being written without it; that is said in a line. A checkpoint that cannot be written
+    raises OSError, and leaves the files that were there before."""
     where = folder(run_dir)
     where.mkdir(parents=True, exist_ok=True)
+    for stale in where.glob("*.partial"):   # a process killed while writing (SIGKILL) left it: no file to resume
+        stale.unlink(missing_ok=True)
     if replay is not None:
         replay_path = where / f"replay_{updates:09d}.pt"
         try:
@@ -71,7 +74,12 @@ def save(run_dir: Path, state: dict, replay: dict | None, updates: int, keep: in
             say("learner", f"warning: the replay could not be saved ({e.strerror or first_line(e)}: {replay_path}); "
                            f"the checkpoint is written without it, and a resume starts with an empty replay")
     path = where / f"checkpoint_{updates:09d}.pt"
-    save_atomically(state, path, progress)
+    try:
+        save_atomically(state, path, progress)
+    except BaseException:
+        if "replay_file" in state and not path.exists():   # named by no checkpoint, it only takes the space
+            (where / state["replay_file"]).unlink(missing_ok=True)
+        raise
     for old in all_of(run_dir)[:-keep]:
         old.unlink()
     # The newest replay that a kept checkpoint names (replay_N goes with checkpoint_N): an older one, or one whose

@@ -556,6 +556,9 @@ def _learner(cfg: Config, args) -> int:
                                                                                   "stopped on a signal")
     for line in learner.closing_lines(how):
         say("learner", line)
+    if learner.unsaved is not None:
+        return _role_error("learner", f"the run's last checkpoint could not be written ({learner.unsaved}); free "
+                                      f"space, and run.resume=true continues from the newest one on disk")
     return 0
 
 

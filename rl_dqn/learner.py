@@ -23,7 +23,7 @@ import torch
 from envs import EnvSpec
 from rl_dqn import checkpoints
 from rl_dqn.config import Config, to_dict
-from rl_dqn.console import StartupClock, say
+from rl_dqn.console import StartupClock, first_line, say
 from rl_dqn.evaluate import EvalResult, Evaluator
 from rl_dqn.intake import Intake
 from rl_dqn.network import describe_precision, resolve_precision
@@ -89,6 +89,7 @@ class Learner:
         # How run() ended, for summary.json: "total_env_steps", "stop_score", "signal", "diverged" or "error"
         # (None: not run).
         self.ended: str | None = None
+        self.unsaved: str | None = None   # why the newest checkpoint could not be written, until one is
         # Told the bytes written, about once a second, while a checkpoint is written (see checkpoints.save).
         self.saving: Callable[[int], None] | None = None
         self._closed = False
@@ -216,7 +217,8 @@ class Learner:
         if updates % self.cfg.learner.publish_every_updates == 0:
             self.publish()
         if updates % self.cfg.learner.checkpoint_every_updates == 0:
-            self.save_checkpoint()
+            self._try_checkpoint("training goes on, and the next checkpoint is tried "
+                                 f"{self.cfg.learner.checkpoint_every_updates:,} updates later")
 
     def publish(self) -> None:
         self._check_finite()
@@ -345,6 +347,21 @@ class Learner:
         return checkpoints.save(self.run_dir, state, replay, trainer.updates, self.cfg.learner.keep_checkpoints,
                                 self.saving)
 
+    def _try_checkpoint(self, then: str) -> bool:
+        """save_checkpoint(), or where the disk cannot take it (full, say), a line that says so, names the newest
+        checkpoint that is there and what happens `then`; whether it was written."""
+        try:
+            self.save_checkpoint()
+            self.unsaved = None
+            return True
+        except OSError as e:
+            where = str(e.filename or checkpoints.folder(self.run_dir)).removesuffix(".partial")
+            self.unsaved = f"{e.strerror or first_line(e)}: {where}"
+        newest = checkpoints.all_of(self.run_dir)
+        say("learner", f"warning: checkpoint {self.trainer.updates:,} could not be written ({self.unsaved}); the "
+                       f"newest on disk is {newest[-1].name if newest else 'none'}; {then}")
+        return False
+
     def restore(self, path: Path) -> None:
         """Continues from a checkpoint: network, target, optimizer, counters, schedules, the sampling generator
         and, when the checkpoint has them, the replay contents. A run that had ended at its eval.stop_score trains
@@ -415,9 +432,12 @@ class Learner:
             if self.cfg.learner.checkpoint_replay and size >= 1 << 30:   # a file that takes a while to write
                 say("learner", f"writing the last checkpoint with the replay's {len(replay):,} transitions "
                                f"({size / 2**30:.1f} GiB), for run.resume")
-            self.save_checkpoint()
+            self._try_checkpoint("what the run learned after it is not saved")
         self.log()
-        self.write_summary()
+        try:
+            self.write_summary()
+        except OSError as e:
+            say("learner", f"warning: the run's summary.json could not be written ({e.strerror or first_line(e)})")
         return diverged_now
 
     def write_summary(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -355,7 +356,13 @@ class Report:
             since, steps, updates = self._training_start
             summary["env_steps_per_s_training"] = (counters.env_steps - steps) / (end - since)
             summary["updates_per_s_training"] = (counters.updates - updates) / (end - since)
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        # Written whole or not at all: a full disk leaves the summary an earlier process wrote (a resumed run's).
+        path, partial = self.run_dir / "summary.json", self.run_dir / "summary.json.partial"
+        try:
+            partial.write_text(json.dumps(summary, indent=2))
+            os.replace(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
 
     def close(self) -> None:
         self.board.close()

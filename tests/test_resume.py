@@ -442,6 +442,45 @@ def test_a_replay_that_cannot_be_written_leaves_the_checkpoint_written_without_i
     learner.close()
 
 
+def test_a_checkpoint_the_disk_cannot_take_is_said_and_training_goes_on_with_no_file_left_to_take_space(
+        tmp_path, monkeypatch, capsys):
+    """A full disk at a checkpoint: the learner trains on (it tries again a period later) rather than dying with a
+    traceback; the replay written just before, which no checkpoint names, is removed, as is a partial file that a
+    killed process left. The last checkpoint failing too is left for the learner's exit to say."""
+    import errno
+    writing, full = checkpoints._Writing, [True]
+
+    class FullDisk(writing):
+        def write(self, data):
+            if full[0] and Path(self.f.name).name.startswith("checkpoint_"):
+                raise OSError(errno.ENOSPC, "No space left on device", self.f.name)
+            return super().write(data)
+    monkeypatch.setattr(checkpoints, "_Writing", FullDisk)
+    learner = make_learner(tmp_path, "learner.checkpoint_every_updates=1")
+    learner.intake.ingest(chain_chunk(0, 0, episodes=30))
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints/replay_000000007.pt.partial").write_bytes(b"PK")   # a SIGKILL while it was written
+    learner._train_one()
+    assert list((tmp_path / "checkpoints").iterdir()) == []
+    assert (f"[learner] warning: checkpoint 1 could not be written (No space left on device: "
+            f"{tmp_path / 'checkpoints/checkpoint_000000001.pt'}); the newest on disk is none; training goes on, and "
+            f"the next checkpoint is tried 1 updates later") in capsys.readouterr().out
+    full[0] = False
+    learner._train_one()
+    assert learner.unsaved is None and learner.trainer.updates == 2
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["checkpoint_000000002.pt",
+                                                                            "replay_000000002.pt"]
+    full[0] = True
+    learner.ended = "total_env_steps"
+    learner.close()
+    assert learner.unsaved.startswith("No space left on device: ")
+    assert "the newest on disk is checkpoint_000000002.pt; what the run learned after it is not saved" in \
+        capsys.readouterr().out
+    assert json.loads((tmp_path / "summary.json").read_text())["updates"] == 2
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["checkpoint_000000002.pt",
+                                                                            "replay_000000002.pt"]
+
+
 def test_a_role_that_ends_while_the_node_prints_its_line_is_seen_to_before_the_node_ends(capsys):
     """The node's only role exits after the pass's poll read its exit codes, while the node prints its line: the
     next pass handles that exit (here: a refusal of its input, exit 2, the node's), rather than the node ending
