@@ -58,20 +58,21 @@ class Intake:
         replay, or holds it, as ingest() does."""
         if (cause := self.refusal(chunk, standing)) is not None:
             self.rejected[cause] = self.rejected.get(cause, 0) + 1
-            self._leave_out(chunk, standing)
-            return Admission(cause, self.rejected[cause] == 1, [])
+            return Admission(cause, self.rejected[cause] == 1, self._leave_out(chunk, standing))
         return Admission(None, False, self.ingest(chunk))
 
-    def _leave_out(self, chunk, standing: Standing) -> None:
+    def _leave_out(self, chunk, standing: Standing) -> list[Chunk]:
         """A refused chunk of the process whose chunks its slot's lanes continue, or are about to (the newest of
-        its slot): that process's later chunks go into replay without it, where they would wait for it forever."""
+        its slot): that process's later chunks go into replay without it, where they would wait for it forever.
+        Returns those that entered now, having waited for it."""
         if not (isinstance(chunk, Chunk) and isinstance(chunk.collector, int)
                 and 0 <= chunk.collector < self.cfg.num_collectors and isinstance(chunk.seq, int) and chunk.seq >= 0):
-            return
+            return []
         i = chunk.collector
         if chunk.sender != self._lane_sender[i] and standing is not Standing.NEWEST:
-            return
+            return []
         self._gaps[i].setdefault(chunk.sender, set()).add(chunk.seq)
+        return self._put_in_order(i) if chunk.sender == self._lane_sender[i] else []
 
     def refusal(self, chunk, standing: Standing) -> str | None:
         """Why a delivery cannot enter replay (None: it can): one cause per kind of bad data. The value checks
@@ -141,7 +142,12 @@ class Intake:
             self._after_gap[i] = False
             self._gaps[i] = {chunk.sender: self._gaps[i].get(chunk.sender, set())}   # the replaced one's go
         self._held[i][chunk.seq] = chunk
-        refused = self._gaps[i].get(chunk.sender, set())
+        return self._put_in_order(i)
+
+    def _put_in_order(self, i: int) -> list[Chunk]:
+        """Puts slot `i`'s held chunks into replay while the next in its sender's order is there, passing over
+        those refused; returns those that entered."""
+        refused = self._gaps[i].get(self._lane_sender[i], set())
         entered = []
         while True:
             if (ready := self._held[i].pop(self._next_seq[i], None)) is not None:

@@ -137,13 +137,13 @@ class Learner:
                 now = time.monotonic()
                 for delivery in deliveries:
                     admission = intake.admit(delivery.chunk, transport.sender_standing(delivery.chunk))
+                    self._report_chunks(admission.entered)   # a refused chunk lets those held behind it in
                     if admission.refused is not None:
                         if admission.first_of_cause:
                             self.report.refused(getattr(delivery.chunk, "collector", "?"), admission.refused)
                         # A sender that is not in the run learns so from the answer (the transport marks it).
                         transport.acknowledge(delivery, Ack(intake.env_steps, stop=False))
                         continue
-                    self._report_chunks(admission.entered)
                     intake.hold(delivery)
                 for delivery in intake.release(trainer.updates):
                     transport.acknowledge(delivery, Ack(intake.env_steps, stop=False))

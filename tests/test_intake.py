@@ -77,7 +77,7 @@ def test_admit_says_what_became_of_each_delivery_and_counts_each_refusal(tmp_pat
     assert intake.admit(earlier, Standing.NEWEST).entered == [earlier, later]
     bad = chain_chunk(1, seq=0, episodes=10)._replace(rewards=torch.full((30, 2), float("nan")))
     assert intake.admit(bad, Standing.NEWEST) == ("non-finite reward", True, [])
-    assert intake.admit(bad, Standing.NEWEST) == ("non-finite reward", False, [])
+    assert intake.admit(bad._replace(seq=1), Standing.NEWEST) == ("non-finite reward", False, [])
     assert intake.admit(chain_chunk(1, seq=0, episodes=10), Standing.UNKNOWN).refused == "unknown sender"
     assert intake.admit("hello", Standing.UNKNOWN).refused == "not a chunk (str)"
     assert intake.admit(earlier, Standing.NEWEST).refused == "a chunk sent twice"
@@ -98,8 +98,8 @@ def test_a_chunks_episode_epsilons_must_be_one_per_episode_and_within_0_and_1(tm
     for bad in (torch.full((19,), 0.01), torch.full((20,), 0.01, dtype=torch.float64), [0.01] * 20):
         assert intake.admit(chain_chunk(1, seq=0, episodes=10)._replace(episode_epsilons=bad),
                             Standing.NEWEST).refused == wrong_form
-    for value in (-0.1, 1.5, float("nan")):
-        assert intake.admit(chain_chunk(1, seq=0, episodes=10)._replace(episode_epsilons=torch.full((20,), value)),
+    for seq, value in enumerate((-0.1, 1.5, float("nan")), start=1):   # each refused one's seq is passed over
+        assert intake.admit(chain_chunk(1, seq=seq, episodes=10)._replace(episode_epsilons=torch.full((20,), value)),
                             Standing.NEWEST).refused == "episode epsilon outside 0..1"
     assert intake.env_steps == 60
 
@@ -117,9 +117,9 @@ def test_a_chunk_with_values_that_would_poison_replay_is_refused_and_sampling_go
            "negative episode length": dict(episode_lengths=torch.full((20,), -2)),
            "actions is not a dense tensor holding data":
                dict(actions=chain_chunk(1, seq=0, episodes=10).actions.to_sparse())}
-    for cause, fields in bad.items():
-        assert intake.admit(chain_chunk(1, seq=0, episodes=10)._replace(**fields), Standing.NEWEST).refused == cause
-    assert intake.admit(chain_chunk(1, seq=0, episodes=10)._replace(q_max=nan), Standing.NEWEST).refused == \
+    for seq, (cause, fields) in enumerate(bad.items()):   # each refused one's seq is passed over
+        assert intake.admit(chain_chunk(1, seq=seq, episodes=10)._replace(**fields), Standing.NEWEST).refused == cause
+    assert intake.admit(chain_chunk(1, seq=len(bad), episodes=10)._replace(q_max=nan), Standing.NEWEST).refused == \
         "non-finite Q-value"
     for seq in range(3):
         assert intake.admit(chain_chunk(0, seq=seq, episodes=10), Standing.NEWEST).refused is None
@@ -144,7 +144,8 @@ def test_refused_chunks_of_a_process_and_of_the_one_it_replaces_are_each_passed_
 def test_a_refused_chunk_is_passed_over_and_the_collectors_later_chunks_enter_starting_new_episodes(tmp_path):
     """One chunk with a NaN reward from a live collector: its later chunks, which would wait for it forever, enter
     replay in order, the first of them starting new episodes in its lanes (the refused steps are not there for
-    its stacks and returns to continue). The refused chunk may arrive after the chunk that follows it."""
+    its stacks and returns to continue). The refused chunk may arrive after the chunk that follows it, which then
+    enters at once rather than waiting for the next one (the last chunk of a run has none)."""
     learner = make_learner(tmp_path)
     intake = learner.intake
     assert intake.admit(chain_chunk(0, seq=0, episodes=10), Standing.NEWEST).entered
@@ -152,10 +153,11 @@ def test_a_refused_chunk_is_passed_over_and_the_collectors_later_chunks_enter_st
     after.first[0] = False   # mid-episode, as a chunk usually begins
     assert intake.admit(after, Standing.NEWEST).entered == []               # waits for seq 1
     nan = chain_chunk(0, seq=1, episodes=10)._replace(rewards=torch.full((30, 2), float("nan")))
-    assert intake.admit(nan, Standing.NEWEST).refused == "non-finite reward"
-    entered = intake.admit(chain_chunk(0, seq=3, episodes=10), Standing.NEWEST).entered
-    assert [chunk.seq for chunk in entered] == [2, 3] and entered[0].first[0].all()
+    refused = intake.admit(nan, Standing.NEWEST)
+    assert refused.refused == "non-finite reward"
+    assert [chunk.seq for chunk in refused.entered] == [2] and refused.entered[0].first[0].all()
     assert not after.first[0].any()   # the sender's tensors are left as they came
+    assert [chunk.seq for chunk in intake.admit(chain_chunk(0, seq=3, episodes=10), Standing.NEWEST).entered] == [3]
     assert intake.env_steps == 3 * 60 and intake.rejected == {"non-finite reward": 1}
     replay = learner.trainer.replay
     assert replay.written[:2].tolist() == [90, 90] and replay.first[:2, 30].all()
