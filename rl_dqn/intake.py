@@ -64,7 +64,8 @@ class Intake:
     def _leave_out(self, chunk, standing: Standing) -> list[Chunk]:
         """A refused chunk of the process whose chunks its slot's lanes continue, or are about to (the newest of
         its slot): that process's later chunks go into replay without it, where they would wait for it forever.
-        Returns those that entered now, having waited for it."""
+        Returns those that entered now, held behind it; with none held, its place is left open until a later chunk
+        arrives (a good chunk sent again under its seq takes it)."""
         if not (isinstance(chunk, Chunk) and isinstance(chunk.collector, int)
                 and 0 <= chunk.collector < self.cfg.num_collectors and isinstance(chunk.seq, int) and chunk.seq >= 0):
             return []
@@ -72,7 +73,7 @@ class Intake:
         if chunk.sender != self._lane_sender[i] and standing is not Standing.NEWEST:
             return []
         self._gaps[i].setdefault(chunk.sender, set()).add(chunk.seq)
-        return self._put_in_order(i) if chunk.sender == self._lane_sender[i] else []
+        return self._put_in_order(i) if chunk.sender == self._lane_sender[i] and self._held[i] else []
 
     def refusal(self, chunk, standing: Standing) -> str | None:
         """Why a delivery cannot enter replay (None: it can): one cause per kind of bad data. The value checks

@@ -77,7 +77,7 @@ def test_admit_says_what_became_of_each_delivery_and_counts_each_refusal(tmp_pat
     assert intake.admit(earlier, Standing.NEWEST).entered == [earlier, later]
     bad = chain_chunk(1, seq=0, episodes=10)._replace(rewards=torch.full((30, 2), float("nan")))
     assert intake.admit(bad, Standing.NEWEST) == ("non-finite reward", True, [])
-    assert intake.admit(bad._replace(seq=1), Standing.NEWEST) == ("non-finite reward", False, [])
+    assert intake.admit(bad, Standing.NEWEST) == ("non-finite reward", False, [])
     assert intake.admit(chain_chunk(1, seq=0, episodes=10), Standing.UNKNOWN).refused == "unknown sender"
     assert intake.admit("hello", Standing.UNKNOWN).refused == "not a chunk (str)"
     assert intake.admit(earlier, Standing.NEWEST).refused == "a chunk sent twice"
@@ -98,8 +98,8 @@ def test_a_chunks_episode_epsilons_must_be_one_per_episode_and_within_0_and_1(tm
     for bad in (torch.full((19,), 0.01), torch.full((20,), 0.01, dtype=torch.float64), [0.01] * 20):
         assert intake.admit(chain_chunk(1, seq=0, episodes=10)._replace(episode_epsilons=bad),
                             Standing.NEWEST).refused == wrong_form
-    for seq, value in enumerate((-0.1, 1.5, float("nan")), start=1):   # each refused one's seq is passed over
-        assert intake.admit(chain_chunk(1, seq=seq, episodes=10)._replace(episode_epsilons=torch.full((20,), value)),
+    for value in (-0.1, 1.5, float("nan")):
+        assert intake.admit(chain_chunk(1, seq=0, episodes=10)._replace(episode_epsilons=torch.full((20,), value)),
                             Standing.NEWEST).refused == "episode epsilon outside 0..1"
     assert intake.env_steps == 60
 
@@ -117,9 +117,9 @@ def test_a_chunk_with_values_that_would_poison_replay_is_refused_and_sampling_go
            "negative episode length": dict(episode_lengths=torch.full((20,), -2)),
            "actions is not a dense tensor holding data":
                dict(actions=chain_chunk(1, seq=0, episodes=10).actions.to_sparse())}
-    for seq, (cause, fields) in enumerate(bad.items()):   # each refused one's seq is passed over
-        assert intake.admit(chain_chunk(1, seq=seq, episodes=10)._replace(**fields), Standing.NEWEST).refused == cause
-    assert intake.admit(chain_chunk(1, seq=len(bad), episodes=10)._replace(q_max=nan), Standing.NEWEST).refused == \
+    for cause, fields in bad.items():
+        assert intake.admit(chain_chunk(1, seq=0, episodes=10)._replace(**fields), Standing.NEWEST).refused == cause
+    assert intake.admit(chain_chunk(1, seq=0, episodes=10)._replace(q_max=nan), Standing.NEWEST).refused == \
         "non-finite Q-value"
     for seq in range(3):
         assert intake.admit(chain_chunk(0, seq=seq, episodes=10), Standing.NEWEST).refused is None
