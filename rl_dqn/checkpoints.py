@@ -60,7 +60,7 @@ def save(run_dir: Path, state: dict, replay: dict | None, updates: int, keep: in
     then only the newest `keep` checkpoints and the newest replay stay. `progress` hears the bytes written so far,
     about once a second while the files are written. A replay that cannot be written (a full disk) does not keep
     the checkpoint from being written without it; that is said in a line. A checkpoint that cannot be written
-    raises OSError, and leaves the files that were there before."""
+    raises OSError, and the checkpoints written before it stay."""
     where = folder(run_dir)
     where.mkdir(parents=True, exist_ok=True)
     for stale in where.glob("*.partial"):   # a process killed while writing (SIGKILL) left it: no file to resume
@@ -200,6 +200,7 @@ def load_state(path: Path) -> dict:
 
 
 def save_atomically(state: dict, path: Path, progress: Callable[[int], None] | None = None) -> None:
+    """Writes `state` to `path` whole or not at all: OSError, naming `path`, where the disk cannot take it."""
     partial = path.with_name(path.name + ".partial")
     try:
         with open(partial, "wb") as f:
@@ -207,8 +208,15 @@ def save_atomically(state: dict, path: Path, progress: Callable[[int], None] | N
             f.flush()
             os.fsync(f.fileno())
         os.replace(partial, path)
-    except BaseException:   # a full disk, or a signal: a file cut short leaves no space taken
+    except BaseException as e:   # a full disk, or a signal: a file cut short leaves no space taken
         partial.unlink(missing_ok=True)
+        # A write that failed partway leaves torch's zip writer at the wrong offset, and its closing check raises
+        # RuntimeError ("unexpected pos") over the OSError that says why; a failed write names no file.
+        cause = e.__context__ if isinstance(e, RuntimeError) and isinstance(e.__context__, OSError) else e
+        if isinstance(cause, OSError) and cause.filename is None:
+            raise OSError(cause.errno, cause.strerror, str(path)) from None
+        if cause is not e:
+            raise cause from None
         raise
 
 

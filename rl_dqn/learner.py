@@ -292,10 +292,14 @@ class Learner:
         so this is the one to keep (`./launch/play.sh runs/<name> --best`); it holds no optimizer state."""
         mean, std, best = self.report.evaluated(**result._asdict())
         if best and self.eval_state is not None:
-            checkpoints.save_best(self.run_dir, {
-                "network": self.eval_state,
-                "eval": {"mean": mean, "std": std, "episodes": len(result.scores), "env_steps": result.env_steps,
-                         "weights_version": result.weights_version}} | self._identity())
+            try:
+                checkpoints.save_best(self.run_dir, {
+                    "network": self.eval_state,
+                    "eval": {"mean": mean, "std": std, "episodes": len(result.scores), "env_steps": result.env_steps,
+                             "weights_version": result.weights_version}} | self._identity())
+            except OSError as e:   # a full disk: the run goes on, best.pt stays what it was
+                say("learner", f"warning: the network that scored {mean:.2f} could not be saved as best.pt "
+                               f"({e.strerror or first_line(e)}: {e.filename}); training goes on")
         stop_score = self.cfg.eval.stop_score
         if stop_score is not None and mean >= stop_score:
             self.stop_score_reached = {"eval": mean, "stop_score": stop_score, "env_steps": result.env_steps}
@@ -355,8 +359,7 @@ class Learner:
             self.unsaved = None
             return True
         except OSError as e:
-            where = str(e.filename or checkpoints.folder(self.run_dir)).removesuffix(".partial")
-            self.unsaved = f"{e.strerror or first_line(e)}: {where}"
+            self.unsaved = f"{e.strerror or first_line(e)}: {e.filename}"   # save_atomically names the file
         newest = checkpoints.all_of(self.run_dir)
         say("learner", f"warning: checkpoint {self.trainer.updates:,} could not be written ({self.unsaved}); the "
                        f"newest on disk is {newest[-1].name if newest else 'none'}; {then}")

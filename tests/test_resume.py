@@ -426,9 +426,10 @@ def test_a_replay_that_cannot_be_written_leaves_the_checkpoint_written_without_i
     import errno
     writing = checkpoints._Writing
 
-    class FullDisk(writing):
+    class FullDisk(writing):   # as a disk fills: the file begins, then part of a write goes in and it fails
         def write(self, data):
-            if Path(self.f.name).name.startswith("replay_"):
+            if Path(self.f.name).name.startswith("replay_") and self.written:
+                self.f.write(memoryview(data).cast("B")[:len(data) // 2])
                 raise OSError(errno.ENOSPC, "No space left on device")
             return super().write(data)
     monkeypatch.setattr(checkpoints, "_Writing", FullDisk)
@@ -450,10 +451,11 @@ def test_a_checkpoint_the_disk_cannot_take_is_said_and_training_goes_on_with_no_
     import errno
     writing, full = checkpoints._Writing, [True]
 
-    class FullDisk(writing):
+    class FullDisk(writing):   # as a disk fills: the file begins, then part of a write goes in and it fails
         def write(self, data):
-            if full[0] and Path(self.f.name).name.startswith("checkpoint_"):
-                raise OSError(errno.ENOSPC, "No space left on device", self.f.name)
+            if full[0] and Path(self.f.name).name.startswith("checkpoint_") and self.written:
+                self.f.write(memoryview(data).cast("B")[:len(data) // 2])
+                raise OSError(errno.ENOSPC, "No space left on device")
             return super().write(data)
     monkeypatch.setattr(checkpoints, "_Writing", FullDisk)
     learner = make_learner(tmp_path, "learner.checkpoint_every_updates=1")
@@ -479,6 +481,25 @@ def test_a_checkpoint_the_disk_cannot_take_is_said_and_training_goes_on_with_no_
     assert json.loads((tmp_path / "summary.json").read_text())["updates"] == 2
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["checkpoint_000000002.pt",
                                                                             "replay_000000002.pt"]
+
+
+def test_a_best_network_the_disk_cannot_take_is_said_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
+    import errno
+    writing = checkpoints._Writing
+
+    class FullDisk(writing):
+        def write(self, data):
+            if Path(self.f.name).name.startswith(checkpoints.BEST) and self.written:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return super().write(data)
+    monkeypatch.setattr(checkpoints, "_Writing", FullDisk)
+    learner = make_learner(tmp_path)
+    learner.eval_state = learner.trainer.evaluated_weights()
+    learner._evaluated(EvalResult(60, 10.0, 0, [1.0, 3.0], None, 1.0, 1.0))
+    assert list((tmp_path / "checkpoints").iterdir()) == []
+    assert (f"[learner] warning: the network that scored 2.00 could not be saved as best.pt (No space left on "
+            f"device: {tmp_path / 'checkpoints/best.pt'}); training goes on") in capsys.readouterr().out
+    learner.close()
 
 
 def test_a_role_that_ends_while_the_node_prints_its_line_is_seen_to_before_the_node_ends(capsys):
