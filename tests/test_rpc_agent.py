@@ -156,3 +156,34 @@ def test_the_admission_thread_goes_on_after_a_store_call_fails(monkeypatch, capl
     warnings = [r.getMessage() for r in caplog.records if r.name == "rl_dqn.learner"]
     assert warnings == ["warning: admitting collectors to the run failed (connection reset by peer); trying again",
                         "warning: admitting collectors to the run failed (broken pipe); trying again"]
+
+
+def test_a_trim_of_the_member_list_that_fails_is_tried_again(monkeypatch):
+    """A collector that joined is listed in the store until the learner trims the list; a trim whose store call
+    fails stays wanted, or a joiner could later call that collector after it died."""
+    import time
+
+    class Store(dist.HashStore):
+        fail = 0
+
+        def set(self, key, value):
+            if key == membership._MEMBERS_KEY and self.fail:
+                self.fail -= 1
+                raise RuntimeError("broken pipe")
+            return super().set(key, value)
+
+    monkeypatch.setattr(rpc, "get_worker_info", lambda: SimpleNamespace(name="learner", id=0))
+    store = Store()
+    store.set(membership._TOKEN_KEY, "")
+    store.set(membership._MEMBERS_KEY, "learner-0,collector0-1,")
+    store.fail = 1
+    registry = membership.Registry(store, 2, on_replace=lambda slot: None)
+    registry._thread.start()
+    try:
+        registry.trim_soon()
+        deadline = time.monotonic() + 10
+        while store.get(membership._MEMBERS_KEY) != b"learner-0," and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        registry.close()
+    assert store.fail == 0 and store.get(membership._MEMBERS_KEY) == b"learner-0,"

@@ -210,13 +210,11 @@ class Registry:
             try:
                 claim = f"rl_dqn/claim/{ticket}"
                 if verdict is None and self.store.check([claim]):
-                    self._trim_wanted.clear()   # an admission trims
                     verdict = self._admit(ticket, self.store.get(claim).decode())
                 if verdict is not None:     # kept until it is stored: a ticket is admitted once
                     self.store.set(f"rl_dqn/admit/{ticket}", verdict)
                     ticket, verdict = ticket + 1, None
                 elif self._trim_wanted.is_set():
-                    self._trim_wanted.clear()
                     with contextlib.suppress(MembershipError):   # the run is over
                         self.keep_learner_only()
                 else:
@@ -276,8 +274,14 @@ class Registry:
             self._trim()
 
     def _trim(self) -> None:
+        """Every trim answers the requests before it (trim_soon()); one that fails leaves them standing."""
         me = rpc.get_worker_info()
-        self.store.set(_MEMBERS_KEY, f"{me.name}-{me.id},")
+        self._trim_wanted.clear()
+        try:
+            self.store.set(_MEMBERS_KEY, f"{me.name}-{me.id},")
+        except BaseException:
+            self._trim_wanted.set()
+            raise
 
     @contextlib.contextmanager
     def _token(self, give_up: Callable[[], bool] = lambda: False):
