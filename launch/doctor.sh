@@ -6,4 +6,4 @@
 set -euo pipefail
 source "$(dirname "$0")/_venv.sh"
 cd "$root"
-exec "$PYTHON" -m rl_dqn doctor "$@"
+RL_DQN_PROG="$0" exec "$PYTHON" -m rl_dqn doctor "$@"

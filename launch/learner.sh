@@ -4,4 +4,4 @@
 #                       [section.key=value ...]
 set -euo pipefail
 source "$(dirname "$0")/_venv.sh"
-exec "$PYTHON" -m rl_dqn learner "$@"
+RL_DQN_PROG="$0" exec "$PYTHON" -m rl_dqn learner "$@"

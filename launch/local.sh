@@ -4,4 +4,4 @@
 # TensorBoard events, the resolved config, checkpoints and summary.json to runs/<run.name>/.
 set -euo pipefail
 source "$(dirname "$0")/_venv.sh"
-exec "$PYTHON" -m rl_dqn local "$@"
+RL_DQN_PROG="$0" exec "$PYTHON" -m rl_dqn local "$@"

@@ -4,4 +4,4 @@
 #   ./launch/play.sh runs/<name> [--best] [--episodes 20] [--epsilon 0.01] [--video episode.mp4|.gif]
 set -euo pipefail
 source "$(dirname "$0")/_venv.sh"
-exec "$PYTHON" -m rl_dqn play "$@"
+RL_DQN_PROG="$0" exec "$PYTHON" -m rl_dqn play "$@"

@@ -49,17 +49,21 @@ TOOLS = {"play": ("rl_dqn.evaluate", "play a trained agent: episodes at eval.eps
          "results": ("rl_dqn.results", "docs/results.md from the records under results/")}
 
 
-def _prog() -> str:
-    return "rl-dqn" if Path(sys.argv[0]).name == "rl-dqn" else "python -m rl_dqn"
+# The launcher a command runs under (launch/*.sh set it to how they were called), named in --help and errors.
+PROG_ENV = "RL_DQN_PROG"
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog=_prog(), description=description(__doc__))
+def _prog(launcher: str = "") -> str:
+    return launcher or ("rl-dqn" if Path(sys.argv[0]).name == "rl-dqn" else "python -m rl_dqn")
+
+
+def _parser(launcher: str = "") -> argparse.ArgumentParser:
+    parser = OneLineParser(prog=_prog(launcher), description=description(__doc__))
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     for name, text in (("local", "learner and collectors on this node"), ("learner", "the learner process"),
                        ("collectors", "this node's collector processes"), ("collector", "one collector process"),
                        ("worker", "the learner (rank 0) or one collector, by cluster.rank (or RANK under env://)")):
-        p = sub.add_parser(name, help=text)
+        p = sub.add_parser(name, help=text, **({"prog": launcher} if launcher else {}))
         p.add_argument("config", help="YAML file, e.g. configs/pong.yaml")
         p.add_argument("overrides", nargs="*", default=[], metavar="section.key=value")   # a default: optional
         if name == "collector":
@@ -72,11 +76,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    launcher = os.environ.pop(PROG_ENV, "")   # this process's: the roles it starts are not the launcher
     if argv and argv[0] in TOOLS:
-        return importlib.import_module(TOOLS[argv[0]][0]).main(argv[1:], prog=f"{_prog()} {argv[0]}")
+        return importlib.import_module(TOOLS[argv[0]][0]).main(argv[1:], prog=launcher or f"{_prog()} {argv[0]}")
     # The run's launch, for its roles' start-up lines: this process's start where no launcher set it before.
     os.environ.setdefault(LAUNCHED_AT_ENV, repr(process_started_at() or time.time()))
-    args = _parser().parse_args(argv)
+    args = _parser(launcher).parse_args(argv)
     if args.command == "worker":
         args.overrides = [*args.overrides, "collectors.count=1"]   # a process is one role
     _stacks_on_crash()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import importlib
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -89,11 +90,15 @@ def test_a_tool_keeps_its_own_arguments_and_one_line_errors(capsys):
     assert error.count("\n") == 1 and "the following arguments are required: runs" in error
 
 
-def test_each_launcher_runs_a_subcommand_of_the_package(pyproject):
+def test_each_launcher_runs_a_subcommand_of_the_package_under_its_own_name(pyproject):
     for script in ("local", "learner", "collector", "play", "doctor"):
         text = (ROOT / f"launch/{script}.sh").read_text()
-        command = re.search(r'^exec "\$PYTHON" -m rl_dqn (\w+) "\$@"$', text, re.M)
+        command = re.search(r'^RL_DQN_PROG="\$0" exec "\$PYTHON" -m rl_dqn (\w+) "\$@"$', text, re.M)
         assert command and command[1] in COMMANDS, script
+        # Its help and its errors name the launcher the user ran (as the README does), not the package.
+        result = subprocess.run([f"./launch/{script}.sh", "--help"], cwd=ROOT, capture_output=True, text=True,
+                                timeout=60, env=os.environ | {"RL_DQN_PYTHON": sys.executable})
+        assert result.returncode == 0 and result.stdout.startswith(f"usage: ./launch/{script}.sh ["), result
     venv = (ROOT / "launch/_venv.sh").read_text()
     # The venv is set up again when either file changes; requirements.txt pins a build backend that pyproject.toml
     # accepts, so that the editable install builds offline.
