@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         epsilon = load_config(path.parent / "config.yaml").eval.epsilon   # the run's, as its record keeps it
         try:
-            scores = evaluate(*load_player(checkpoint), args.episodes, epsilon, args.seed, max_episode_frames=args.max_episode_frames)
+            scores = evaluate(*load_player(checkpoint), args.episodes, epsilon, args.seed,
+                              max_episode_frames=args.max_episode_frames)
         except checkpoints.CheckpointError as e:
             print(f"whole_games: error: {checkpoint} could not be played: {e.reason}", file=sys.stderr)
             return 1

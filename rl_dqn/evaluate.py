@@ -12,6 +12,7 @@ import dataclasses
 import multiprocessing
 import os
 import queue
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -30,7 +31,8 @@ from rl_dqn.video import FORMATS, VideoError, VideoFile, fps_of, gif_bytes
 
 
 def play(env, network: QNetwork, episodes: int, epsilon: float, generator: torch.Generator,
-         record: Callable[[np.ndarray], None] | None = None, record_steps: int = 0) -> list[float]:
+         record: Callable[[np.ndarray], None] | None = None, record_steps: int = 0,
+         recording_over: Callable[[], None] | None = None) -> list[float]:
     """Raw scores of the first `episodes` episodes started in `env`, a vector env whose envs are stepped together
     and each play episodes one after another, in the order the episodes started: the envs' first episodes in env
     order, then each next one as it starts. `scores[0]` is thus env 0's first episode, the one `record` sees.
@@ -38,7 +40,7 @@ def play(env, network: QNetwork, episodes: int, epsilon: float, generator: torch
     count alike; an env whose episode does not count idles on until the last counted one ends. Fewer envs than
     episodes waste less of that idling than one episode per env, where every env waits for the longest. `record` is
     handed env 0's screen (the env must keep it) at the start of its first episode and after each of that
-    episode's steps, up to `record_steps` steps."""
+    episode's steps, up to `record_steps` steps; `recording_over` is called once that recording is over."""
     n = env.num_envs
     device = next(network.parameters()).device   # the env steps on the CPU; the network acts where it is
     epsilons = torch.full((n,), epsilon, device=device)
@@ -60,7 +62,10 @@ def play(env, network: QNetwork, episodes: int, epsilon: float, generator: torch
         if recording and recorded < record_steps:
             record(env.screen)
             recorded += 1
-        recording = recording and not ended[0]
+        if recording and (ended[0] or recorded >= record_steps):
+            recording = False
+            if recording_over is not None:
+                recording_over()
         # Each env whose episode ended starts its next one on its next step (the reset step, with no reward).
         for i in ended.nonzero().flatten().tolist():
             if slots[i] is not None:
@@ -104,16 +109,17 @@ def load_player(checkpoint: Path) -> tuple[Config, QNetwork]:
 
 def evaluate(cfg: Config, network: QNetwork, episodes: int = 20, epsilon: float | None = None, seed: int = 12345,
              record: Callable[[np.ndarray], None] | None = None, record_steps: int = 0,
-             max_episode_frames: int | None = None) -> list[float]:
+             max_episode_frames: int | None = None, recording_over: Callable[[], None] | None = None) -> list[float]:
     """Raw scores of `episodes` episodes played by a checkpoint's network (`load_player`), epsilon-greedy (`None`:
     the run's eval.epsilon), each cut at `max_episode_frames` (`None`: where the run's evaluation cuts them), in
-    `play`'s order; env 0's screens go to `record`, and its first episode's score is `scores[0]`."""
+    `play`'s order; env 0's screens go to `record` (then `recording_over` is called), and its first episode's
+    score is `scores[0]`."""
     env_cfg = cfg.eval_env if max_episode_frames is None else \
         dataclasses.replace(cfg.eval_env, max_episode_frames=max_episode_frames)
     env = make_vector_env(env_cfg, min(cfg.eval.envs, episodes), seed=seed, screen=record is not None)
     try:
         return play(env, network, episodes, cfg.eval.epsilon if epsilon is None else epsilon,
-                    torch.Generator().manual_seed(seed), record, record_steps)
+                    torch.Generator().manual_seed(seed), record, record_steps, recording_over)
     finally:
         env.close()
 
@@ -268,21 +274,25 @@ def main(argv: list[str] | None = None, prog: str = "./launch/play.sh") -> int:
         parser.error(f"--max-episode-frames must be >= the run's env.frame_skip ({cfg.env.frame_skip}), got "
                      f"{args.max_episode_frames}")
     video = None
+    # A kill (SIGTERM) ends the play as Ctrl-C does, through the handler below.
+    terminate = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         if args.video is not None:
             video = VideoFile(args.video, fps_of(cfg.env.frame_skip))
             steps = args.video_max_steps or (3_000 if video.gif else 27_000)
         scores = evaluate(cfg, network, args.episodes, args.epsilon, args.seed,
                           video.add if video is not None else None, steps if video is not None else 0,
-                          args.max_episode_frames)
+                          args.max_episode_frames, video.close if video is not None else None)
         if video is not None:
             video.close()
     except BaseException as e:
         if video is not None:
-            video.discard()     # no half-written video is left behind, whatever stopped the play
+            video.discard()     # a video still being recorded is not left half-written; a finished one stays
         if isinstance(e, (ConfigError, EnvError, VideoError)):
             return _fail(str(e))
         raise
+    finally:
+        signal.signal(signal.SIGTERM, terminate)
     mean = sum(scores) / len(scores)
     std = (sum((s - mean) ** 2 for s in scores) / len(scores)) ** 0.5
     epsilon = f"epsilon {args.epsilon:g}" if args.epsilon is not None else \

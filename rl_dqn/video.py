@@ -56,9 +56,10 @@ class VideoFile:
             return
         if self._writer is None:
             height, width = frame.shape[:2]
-            self._writer = cv2.VideoWriter(str(self.path), cv2.VideoWriter_fourcc(*"mp4v"), self.fps, (width, height))
-            if not self._writer.isOpened():
+            writer = cv2.VideoWriter(str(self.path), cv2.VideoWriter_fourcc(*"mp4v"), self.fps, (width, height))
+            if not writer.isOpened():   # nothing written: a file already there is left as it was
                 raise VideoError(f"cannot write an mp4 to {self.path}")
+            self._writer = writer
         self._writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
 
     def close(self) -> None:

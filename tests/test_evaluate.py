@@ -4,6 +4,8 @@ evaluation time limit."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -103,26 +105,44 @@ def test_play_sh_reports_the_score_of_the_episode_in_its_video_though_another_en
 
 
 def test_play_reads_its_checkpoint_once_and_leaves_no_half_video_when_the_env_fails(tmp_path, monkeypatch, capsys):
+    """An env that fails while env 0's first episode is recorded: no half-written mp4 is left. One that fails in a
+    later episode leaves the finished video of the first."""
     from envs import EnvError
     cfg = load_config(ROOT / "configs/pong_cpu.yaml", ["eval.envs=1"])
     network = QNetwork((1, 2), 2, mlp_hidden=(4,)).for_acting()
     loads = []
 
-    class Failing(ScriptedEpisodes):
+    class Failing(ScriptedEpisodes):   # episodes of 5 and 4 steps, the env failing at its `fail_at`th step
         screen = np.zeros((16, 16, 3), dtype=np.uint8)
+        steps = 0
 
         def step(self, actions):
-            if self.left[0] == 2:
+            self.steps += 1
+            if self.steps == fail_at:
                 raise EnvError("the emulator stopped answering")
+            if self.steps == kill_at:
+                os.kill(os.getpid(), signal.SIGTERM)
             return super().step(actions)
     monkeypatch.setattr(rl_dqn.evaluate, "load_player", lambda checkpoint: loads.append(checkpoint) or (cfg, network))
-    monkeypatch.setattr(rl_dqn.evaluate, "make_vector_env", lambda *args, **kwargs: Failing([[5, 1]]))
+    monkeypatch.setattr(rl_dqn.evaluate, "make_vector_env", lambda *args, **kwargs: Failing([[5, 4]]))
     checkpoint = tmp_path / "checkpoint.pt"
     checkpoint.write_bytes(b"")
-    assert main([str(checkpoint), "--episodes", "1", "--video", str(tmp_path / "episode.mp4")]) == 2
+    video = tmp_path / "episode.mp4"
+    fail_at, kill_at = 3, None   # in the first episode, the one recorded
+    assert main([str(checkpoint), "--episodes", "2", "--video", str(video)]) == 2
     assert capsys.readouterr().err == "play: error: the emulator stopped answering\n"
     assert loads == [checkpoint]
-    assert list(tmp_path.iterdir()) == [checkpoint]     # the mp4 it had begun is gone
+    assert not video.exists()     # the mp4 it had begun is gone
+    fail_at = 8   # in the second episode
+    assert main([str(checkpoint), "--episodes", "2", "--video", str(video)]) == 2
+    assert video.stat().st_size > 0
+    video.unlink()
+    fail_at, kill_at = None, 3   # a kill (SIGTERM) while it records
+    handler = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as killed:
+        main([str(checkpoint), "--episodes", "2", "--video", str(video)])
+    assert killed.value.code == 128 + signal.SIGTERM and not video.exists()
+    assert signal.getsignal(signal.SIGTERM) is handler
 
 
 def test_play_cuts_episodes_where_it_is_told_or_where_the_run_evaluates(tmp_path, monkeypatch, capsys):
