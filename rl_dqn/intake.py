@@ -21,7 +21,8 @@ class Admission(NamedTuple):
     """What became of a delivery."""
     refused: str | None      # why it cannot enter replay (None: it was taken)
     first_of_cause: bool     # the first delivery refused for that cause (worth a line)
-    entered: list[Chunk]     # the chunks that entered replay because of it, in order: it and any held for it
+    entered: list[Chunk]     # the chunks that entered replay because of it, in order: it (unless refused) and
+                             # those held behind it
 
 
 class Intake:
@@ -64,16 +65,22 @@ class Intake:
     def _leave_out(self, chunk, standing: Standing) -> list[Chunk]:
         """A refused chunk of the process whose chunks its slot's lanes continue, or are about to (the newest of
         its slot): that process's later chunks go into replay without it, where they would wait for it forever.
-        Returns those that entered now, held behind it; with none held, its place is left open until a later chunk
-        arrives (a good chunk sent again under its seq takes it)."""
+        Returns those that entered now, held behind it; where the chunk after it has not come yet, its place is
+        left open until that one arrives (a good chunk sent again under its seq takes it)."""
         if not (isinstance(chunk, Chunk) and isinstance(chunk.collector, int)
                 and 0 <= chunk.collector < self.cfg.num_collectors and isinstance(chunk.seq, int) and chunk.seq >= 0):
             return []
         i = chunk.collector
         if chunk.sender != self._lane_sender[i] and standing is not Standing.NEWEST:
             return []
-        self._gaps[i].setdefault(chunk.sender, set()).add(chunk.seq)
-        return self._put_in_order(i) if chunk.sender == self._lane_sender[i] and self._held[i] else []
+        refused = self._gaps[i].setdefault(chunk.sender, set())
+        refused.add(chunk.seq)
+        if chunk.sender != self._lane_sender[i]:
+            return []
+        following = self._next_seq[i]
+        while following in refused:
+            following += 1
+        return self._put_in_order(i) if following in self._held[i] else []
 
     def refusal(self, chunk, standing: Standing) -> str | None:
         """Why a delivery cannot enter replay (None: it can): one cause per kind of bad data. The value checks

@@ -87,16 +87,17 @@ class MemoryEndpoint:
 
 
 def test_the_loop_takes_every_chunk_in_order_trains_at_the_ratio_and_ends_at_the_total(tmp_path, capsys):
-    """Two collectors of 5 chunks each (600 env steps, the run's total), one of them also sending a bad chunk and
-    then lost: every chunk enters replay, none is answered twice, the bad one is refused and counted, the updates
+    """Two collectors of 5 chunks each (600 env steps, the run's total), one of them also sending a bad chunk (last,
+    after the one that follows it, which enters then) and then lost: every chunk enters replay and is reported,
+    none is answered twice, the bad one is refused and counted, the updates
     are the replay ratio's, weights go out with rising versions, the loss is reported, and the run ends at its total
     with its summary, its last progress line and the dashboard's figures (as the smoke run in test_smoke_run.py
     shows them from real processes)."""
     learner = make_learner(tmp_path, "train.total_env_steps=600", "train.replay_ratio=2", "eval.every_env_steps=0",
                            "learner.publish_every_updates=5")
-    bad = chain_chunk(1, 9, episodes=10)._replace(actions=torch.full((30, 2), 7))
+    bad = chain_chunk(1, 4, episodes=10)._replace(actions=torch.full((30, 2), 7))
     chunks = {"collector0": [chain_chunk(0, seq, episodes=10) for seq in range(5)],
-              "collector1": [chain_chunk(1, seq, episodes=10) for seq in range(5)] + [bad]}
+              "collector1": [chain_chunk(1, seq, episodes=10) for seq in (0, 1, 2, 3, 5)] + [bad]}
     endpoint = MemoryEndpoint(chunks, learner.cfg.collectors.max_chunks_in_flight, lost={"collector1": "it died"})
     assert isinstance(endpoint, LearnerEndpoint)
     deadline = threading.Timer(60, learner.stop.set)   # a loop that would never end stops, and fails below
