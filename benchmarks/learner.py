@@ -248,8 +248,10 @@ def main() -> None:
                         step, cpu, sample = measure(learner, args.seconds)
                         shown = "fail" if graph == "on" and not learner.trainer.static else graph   # eager updates
                         failed = failed or shown == "fail"
+                        # A captured update samples inside its graph: the eager sample() is no part of it.
+                        share = "-" if learner.trainer.static else f"{sample / step:.0%}"
                         print(f"  {device:<6} {label:<{width}} {overlap:>7} {shown:>5} {batch:>5} {1 / step:>10,.1f} "
-                              f"{batch / step:>10,.0f} {cpu * 1e3:>8.1f} {sample / step:>14.0%}", flush=True)
+                              f"{batch / step:>10,.0f} {cpu * 1e3:>8.1f} {share:>14}", flush=True)
                         if args.profile:
                             print(profile(learner, args.profile), flush=True)
                         learner.report.close()

@@ -248,21 +248,21 @@ def node_steps(config: str, overrides: list[str], name: str) -> list[Step]:
                                           "tests/test_sumtree.py"], 65),
         Step("learner: eager and captured", [python, "benchmarks/learner.py", "--devices", "cuda", "--only",
                                              "NIPS, PER, 10-step", "--batches", "32,256", "--overlap", "on",
-                                             "--graph", "on,off", "--seconds", "1.5", "--replay", "20000"], 75),
+                                             "--graph", "on,off", "--seconds", "1", "--replay", "20000"], 75),
         Step("Pong to 18", [python, "benchmarks/learning.py", config, *overrides, "--seeds", "1", "--minutes", "2.5",
                             "--stop-at", "18", "--prefix", f"{name}-pong"], 175),
         Step("scaling over the CPU transport", [python, "benchmarks/scaling.py", config, *overrides, "--collectors",
                                                 "4,14", "--ratios", "2,0", "--transports", "cpu", "--seconds", "12",
-                                                "--prefix", f"{name}-scaling"], 125),
+                                                "--prefix", f"{name}-scaling"], 140),
         Step("scaling over the CUDA transport", [python, "benchmarks/scaling.py", config, *overrides,
                                                  "--collectors", "14", "--ratios", "2", "--transports", "cuda",
                                                  "--seconds", "12", "--prefix", f"{name}-scaling"], 45),
         # The collectors' acting shares the GPU with the learner's updates, each process in its own context: the
-        # same rows with the collectors acting on their CPU cores say which way the node goes faster.
+        # same row with the collectors acting on their CPU cores says which way the node trains faster.
         Step("scaling with collectors acting on the CPU", [python, "benchmarks/scaling.py", config, *overrides,
                                                            "collectors.device=cpu", "--collectors", "14",
-                                                           "--ratios", "2,0", "--transports", "cpu",
-                                                           "--seconds", "12", "--prefix", f"{name}-cpu-acting"], 55),
+                                                           "--ratios", "2", "--transports", "cpu",
+                                                           "--seconds", "12", "--prefix", f"{name}-cpu-acting"], 40),
     ]
 
 

@@ -28,6 +28,15 @@ PONG = EnvSpec(obs_shape=(4, 84, 84), obs_dtype=torch.uint8, num_actions=6)
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 
+@pytest.fixture(autouse=True)
+def deterministic_convolutions(monkeypatch):
+    """Two trainers compared update by update on a GPU: cuDNN's default convolution kernels may sum a gradient in
+    another order each time, and in bfloat16 one rounding step of a weight moves the priorities enough for a later
+    batch to draw other transitions. Its deterministic kernels keep a difference to the two forms' own."""
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+
+
 def pong_config(*overrides: str):
     """configs/pong_cpu.yaml's learner (the NIPS torso with its LayerNorm, prioritized 10-step replay) at a small
     scale, with a target refresh every 5 updates so that a few updates cross one. Its learning rate, 2^-10, is
