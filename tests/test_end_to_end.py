@@ -201,7 +201,7 @@ def test_torchrun_starts_the_run_by_rank(runs):
 
 def test_slurm_script_runs_a_two_node_job(runs, tmp_path):
     """launch/slurm.sbatch on a stand-in allocation: `srun` starts the script's node command once per node, side by
-    side, here; `scontrol` names this host. The learner and a collector on node 0, a collector on node 1. Once the
+    side, here; `scontrol` names this host. The learner and a collector on node 0, a collector on node 1. Once each
     collector node has shown its own progress line, a SIGTERM to the learner ends the run, and with it the job."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -221,10 +221,11 @@ def test_slurm_script_runs_a_two_node_job(runs, tmp_path):
     console = Console(subprocess.Popen(["bash", str(ROOT / "launch" / "slurm.sbatch"), "configs/smoke.yaml", *LONG],
                                        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                        env=env))
-    # The collector node's own progress line: the run's progress as the learner tells it, and its share (once its
+    # Each collector node's own progress line: the run's progress as the learner tells it, and its share (once its
     # collector has acted for metrics.interval_s and said so).
-    console.wait_for_match(r"\[collectors \(ranks 2\.\.2\)\]: run env steps [\d,]+/10,000,000 \[[#-]{20}\] .* this "
-                           r"node [\d,]+ steps/s \| collectors acting 1/1", timeout=180)
+    for rank in (1, 2):
+        console.wait_for_match(rf"\[collectors \(ranks {rank}\.\.{rank}\)\]: run env steps [\d,]+/10,000,000 "
+                               r"\[[#-]{20}\] .* this node [\d,]+ steps/s \| collectors acting 1/1", timeout=180)
     # DEVICE_MAP goes to the learner alone: a collector refuses a map that names other collectors.
     roles = processes_of("slurm")
     assert [line for line in roles if " rl_dqn learner " in line and "transport.device_map=1_0_0,2_0_0" in line], roles
