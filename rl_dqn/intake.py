@@ -65,22 +65,15 @@ class Intake:
     def _leave_out(self, chunk, standing: Standing) -> list[Chunk]:
         """A refused chunk of the process whose chunks its slot's lanes continue, or are about to (the newest of
         its slot): that process's later chunks go into replay without it, where they would wait for it forever.
-        Returns those that entered now, held behind it; where the chunk after it has not come yet, its place is
-        left open until that one arrives (a good chunk sent again under its seq takes it)."""
+        Returns those that entered now, held behind it (see _put_in_order)."""
         if not (isinstance(chunk, Chunk) and isinstance(chunk.collector, int)
                 and 0 <= chunk.collector < self.cfg.num_collectors and isinstance(chunk.seq, int) and chunk.seq >= 0):
             return []
         i = chunk.collector
         if chunk.sender != self._lane_sender[i] and standing is not Standing.NEWEST:
             return []
-        refused = self._gaps[i].setdefault(chunk.sender, set())
-        refused.add(chunk.seq)
-        if chunk.sender != self._lane_sender[i]:
-            return []
-        following = self._next_seq[i]
-        while following in refused:
-            following += 1
-        return self._put_in_order(i) if following in self._held[i] else []
+        self._gaps[i].setdefault(chunk.sender, set()).add(chunk.seq)
+        return self._put_in_order(i) if chunk.sender == self._lane_sender[i] else []
 
     def refusal(self, chunk, standing: Standing) -> str | None:
         """Why a delivery cannot enter replay (None: it can): one cause per kind of bad data. The value checks
@@ -154,7 +147,8 @@ class Intake:
 
     def _put_in_order(self, i: int) -> list[Chunk]:
         """Puts slot `i`'s held chunks into replay while the next in its sender's order is there, passing over
-        those refused; returns those that entered."""
+        those refused once the chunk right after them is there (until then their place stays open: a good chunk
+        sent again under a refused one's seq takes it); returns those that entered."""
         refused = self._gaps[i].get(self._lane_sender[i], set())
         entered = []
         while True:
@@ -169,7 +163,14 @@ class Intake:
                 self.env_steps += ready.env_steps
                 entered.append(ready)
             elif self._next_seq[i] in refused:
+                following = self._next_seq[i] + 1
+                while following in refused:
+                    following += 1
+                if following not in self._held[i]:
+                    return entered
                 self._after_gap[i] = True
+                self._next_seq[i] = following
+                continue
             else:
                 return entered
             self._next_seq[i] += 1

@@ -166,13 +166,17 @@ def test_a_refused_chunk_is_passed_over_and_the_collectors_later_chunks_enter_st
 def test_a_refused_chunks_place_stays_open_until_the_chunk_after_it_has_come(tmp_path):
     """A chunk held further on (seq 3) does not close the place of a refused seq 1: the same seq sent again, good,
     still enters there; only the chunk right after it (seq 2) passes it over."""
-    intake = make_learner(tmp_path).intake
-    assert intake.admit(chain_chunk(0, seq=0, episodes=10), Standing.NEWEST).entered
-    assert intake.admit(chain_chunk(0, seq=3, episodes=10), Standing.NEWEST).entered == []
-    nan = chain_chunk(0, seq=1, episodes=10)._replace(rewards=torch.full((30, 2), float("nan")))
-    assert intake.admit(nan, Standing.NEWEST) == ("non-finite reward", True, [])
-    again = chain_chunk(0, seq=1, episodes=10)
-    again.first[0] = False   # it continues the episodes of seq 0, with nothing missing in between
-    entered = intake.admit(again, Standing.NEWEST).entered
-    assert [chunk.seq for chunk in entered] == [1] and not entered[0].first[0].any()
-    assert [chunk.seq for chunk in intake.admit(chain_chunk(0, seq=2, episodes=10), Standing.NEWEST).entered] == [2, 3]
+    for refused_first in (False, True):   # seq 3 held before the refusal, or arriving after it
+        intake = make_learner(tmp_path).intake
+        assert intake.admit(chain_chunk(0, seq=0, episodes=10), Standing.NEWEST).entered
+        nan = chain_chunk(0, seq=1, episodes=10)._replace(rewards=torch.full((30, 2), float("nan")))
+        if refused_first:
+            assert intake.admit(nan, Standing.NEWEST) == ("non-finite reward", True, [])
+        assert intake.admit(chain_chunk(0, seq=3, episodes=10), Standing.NEWEST).entered == []
+        if not refused_first:
+            assert intake.admit(nan, Standing.NEWEST) == ("non-finite reward", True, [])
+        again = chain_chunk(0, seq=1, episodes=10)
+        again.first[0] = False   # it continues the episodes of seq 0, with nothing missing in between
+        entered = intake.admit(again, Standing.NEWEST).entered
+        assert [chunk.seq for chunk in entered] == [1] and not entered[0].first[0].any()
+        assert [c.seq for c in intake.admit(chain_chunk(0, seq=2, episodes=10), Standing.NEWEST).entered] == [2, 3]
