@@ -14,6 +14,7 @@ import os
 import queue
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -274,8 +275,10 @@ def main(argv: list[str] | None = None, prog: str = "./launch/play.sh") -> int:
         parser.error(f"--max-episode-frames must be >= the run's env.frame_skip ({cfg.env.frame_skip}), got "
                      f"{args.max_episode_frames}")
     video = None
-    # A kill (SIGTERM) ends the play as Ctrl-C does, through the handler below.
-    terminate = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    # A kill (SIGTERM) ends the play as Ctrl-C does, through the handler below (where this is the main thread, the
+    # only one that can take a signal).
+    on_main = threading.current_thread() is threading.main_thread()
+    terminate = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum)) if on_main else None
     try:
         if args.video is not None:
             video = VideoFile(args.video, fps_of(cfg.env.frame_skip))
@@ -292,7 +295,8 @@ def main(argv: list[str] | None = None, prog: str = "./launch/play.sh") -> int:
             return _fail(str(e))
         raise
     finally:
-        signal.signal(signal.SIGTERM, terminate)
+        if terminate is not None:   # None: not set here, or set from outside Python, which cannot be set back
+            signal.signal(signal.SIGTERM, terminate)
     mean = sum(scores) / len(scores)
     std = (sum((s - mean) ** 2 for s in scores) / len(scores)) ** 0.5
     epsilon = f"epsilon {args.epsilon:g}" if args.epsilon is not None else \

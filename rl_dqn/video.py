@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 
 import cv2
@@ -65,21 +66,24 @@ class VideoFile:
     def close(self) -> None:
         if self.gif:
             if self.frames:
+                partial = self.path.with_name(self.path.name + ".partial")   # a file cut short is never left
                 try:
-                    self.path.write_bytes(gif_bytes(self.frames, self.fps))
+                    partial.write_bytes(gif_bytes(self.frames, self.fps))
+                    os.replace(partial, self.path)
                 except OSError as e:
-                    self.path.unlink(missing_ok=True)   # cut short
                     raise VideoError(f"cannot write {self.path}: {e.strerror}") from None
+                finally:
+                    partial.unlink(missing_ok=True)
             self.frames = []
         elif self._writer is not None:
-            self._writer.release()
-            self._writer = None
+            writer, self._writer = self._writer, None   # closed from here on: discard() leaves the file
+            writer.release()
 
     def discard(self) -> None:
         """Drops what was added, and the file it was written to so far (an mp4 is written as frames come): what an
         unfinished play recorded is not a video of its episode."""
         self.frames = []
         if self._writer is not None:
-            self._writer.release()
-            self._writer = None
+            writer, self._writer = self._writer, None
+            writer.release()
             self.path.unlink(missing_ok=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -13,10 +14,12 @@ import pytest
 import torch
 
 import rl_dqn.evaluate
+import rl_dqn.video
 from envs import EnvSpec, StepResult, VectorEnv, make_vector_env
 from rl_dqn.config import EvalConfig, load_config
 from rl_dqn.evaluate import main, play, play_round
 from rl_dqn.network import QNetwork
+from rl_dqn.video import VideoError, VideoFile
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -138,11 +141,41 @@ def test_play_reads_its_checkpoint_once_and_leaves_no_half_video_when_the_env_fa
     assert video.stat().st_size > 0
     video.unlink()
     fail_at, kill_at = None, 3   # a kill (SIGTERM) while it records
-    handler = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(SystemExit) as killed:
-        main([str(checkpoint), "--episodes", "2", "--video", str(video)])
-    assert killed.value.code == 128 + signal.SIGTERM and not video.exists()
-    assert signal.getsignal(signal.SIGTERM) is handler
+
+    def untaken(signum, frame):   # this test's, in place of one that would end the test session
+        raise AssertionError("play did not take the SIGTERM")
+    handler = signal.signal(signal.SIGTERM, untaken)
+    try:
+        with pytest.raises(SystemExit) as killed:
+            main([str(checkpoint), "--episodes", "2", "--video", str(video)])
+        assert killed.value.code == 128 + signal.SIGTERM and not video.exists()
+        assert signal.getsignal(signal.SIGTERM) is untaken
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    # Called on another thread, which cannot take signals, it plays as well.
+    fail_at, kill_at, codes = None, None, []
+    player = threading.Thread(target=lambda: codes.append(main([str(checkpoint), "--episodes", "2", "--video",
+                                                                str(video)])))
+    player.start()
+    player.join(timeout=30)
+    assert codes == [0] and video.stat().st_size > 0
+
+
+def test_a_video_file_that_cannot_be_opened_leaves_a_file_already_there_alone(tmp_path, monkeypatch):
+    class Unopened:
+        def __init__(self, *args):
+            pass
+
+        def isOpened(self):
+            return False
+    monkeypatch.setattr(rl_dqn.video.cv2, "VideoWriter", Unopened)
+    there = tmp_path / "episode.mp4"
+    there.write_bytes(b"an earlier video")
+    video = VideoFile(there, 15.0)
+    with pytest.raises(VideoError, match="cannot write an mp4 to "):
+        video.add(np.zeros((16, 16, 3), dtype=np.uint8))
+    video.discard()
+    assert there.read_bytes() == b"an earlier video"
 
 
 def test_play_cuts_episodes_where_it_is_told_or_where_the_run_evaluates(tmp_path, monkeypatch, capsys):
