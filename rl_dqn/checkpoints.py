@@ -211,9 +211,10 @@ def save_atomically(state: dict, path: Path, progress: Callable[[int], None] | N
     except BaseException as e:   # a full disk, or a signal: a file cut short leaves no space taken
         partial.unlink(missing_ok=True)
         # A write that failed partway leaves torch's zip writer at the wrong offset, and its closing check raises
-        # RuntimeError ("unexpected pos") over the OSError that says why; a failed write names no file.
+        # RuntimeError ("unexpected pos") over the OSError that says why; a failed write names no file, a failed
+        # open the partial one.
         cause = e.__context__ if isinstance(e, RuntimeError) and isinstance(e.__context__, OSError) else e
-        if isinstance(cause, OSError) and cause.filename is None:
+        if isinstance(cause, OSError) and cause.errno is not None and cause.filename in (None, str(partial)):
             raise OSError(cause.errno, cause.strerror, str(path)) from None
         if cause is not e:
             raise cause from None

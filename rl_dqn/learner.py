@@ -300,6 +300,8 @@ class Learner:
             except OSError as e:   # a full disk: the run goes on, best.pt stays what it was
                 say("learner", f"warning: the network that scored {mean:.2f} could not be saved as best.pt "
                                f"({e.strerror or first_line(e)}: {e.filename}); training goes on")
+                # Later rounds are weighed against what best.pt holds, so that a better one than that is saved.
+                self.report.best_eval = checkpoints.best_score(self.run_dir)
         stop_score = self.cfg.eval.stop_score
         if stop_score is not None and mean >= stop_score:
             self.stop_score_reached = {"eval": mean, "stop_score": stop_score, "env_steps": result.env_steps}
@@ -359,7 +361,7 @@ class Learner:
             self.unsaved = None
             return True
         except OSError as e:
-            self.unsaved = f"{e.strerror or first_line(e)}: {e.filename}"   # save_atomically names the file
+            self.unsaved = f"{e.strerror or first_line(e)}: {e.filename or checkpoints.folder(self.run_dir)}"
         newest = checkpoints.all_of(self.run_dir)
         say("learner", f"warning: checkpoint {self.trainer.updates:,} could not be written ({self.unsaved}); the "
                        f"newest on disk is {newest[-1].name if newest else 'none'}; {then}")

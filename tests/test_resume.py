@@ -484,21 +484,29 @@ def test_a_checkpoint_the_disk_cannot_take_is_said_and_training_goes_on_with_no_
 
 
 def test_a_best_network_the_disk_cannot_take_is_said_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
+    """A full disk when a round scores best: the run goes on, and a later round that scores better than what best.pt
+    holds (though not better than the round that could not be saved) is saved once there is space."""
     import errno
     writing = checkpoints._Writing
 
     class FullDisk(writing):
         def write(self, data):
-            if Path(self.f.name).name.startswith(checkpoints.BEST) and self.written:
+            if full[0] and Path(self.f.name).name.startswith(checkpoints.BEST) and self.written:
                 raise OSError(errno.ENOSPC, "No space left on device")
             return super().write(data)
+    full = [False]
     monkeypatch.setattr(checkpoints, "_Writing", FullDisk)
     learner = make_learner(tmp_path)
     learner.eval_state = learner.trainer.evaluated_weights()
-    learner._evaluated(EvalResult(60, 10.0, 0, [1.0, 3.0], None, 1.0, 1.0))
-    assert list((tmp_path / "checkpoints").iterdir()) == []
-    assert (f"[learner] warning: the network that scored 2.00 could not be saved as best.pt (No space left on "
-            f"device: {tmp_path / 'checkpoints/best.pt'}); training goes on") in capsys.readouterr().out
+    for mean, disk_full in ((5.0, False), (10.0, True), (8.0, False)):
+        full[0] = disk_full
+        learner._evaluated(EvalResult(60, 10.0, 0, [mean], None, 1.0, 1.0))
+        if disk_full:
+            assert (f"[learner] warning: the network that scored 10.00 could not be saved as best.pt (No space left "
+                    f"on device: {tmp_path / 'checkpoints/best.pt'}); training goes on") in capsys.readouterr().out
+            assert checkpoints.best_score(tmp_path) == 5.0 and learner.report.best_eval == 5.0
+    assert checkpoints.best_score(tmp_path) == 8.0
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [checkpoints.BEST]
     learner.close()
 
 
