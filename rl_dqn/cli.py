@@ -64,6 +64,7 @@ def _parser(launcher: str = "") -> argparse.ArgumentParser:
                        ("collectors", "this node's collector processes"), ("collector", "one collector process"),
                        ("worker", "the learner (rank 0) or one collector, by cluster.rank (or RANK under env://)")):
         p = sub.add_parser(name, help=text, **({"prog": launcher} if launcher else {}))
+        p.set_defaults(parser=p)   # an argument it does not take is refused with its usage, not the command's
         p.add_argument("config", help="YAML file, e.g. configs/pong.yaml")
         p.add_argument("overrides", nargs="*", default=[], metavar="section.key=value")   # a default: optional
         if name == "collector":
@@ -81,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         return importlib.import_module(TOOLS[argv[0]][0]).main(argv[1:], prog=launcher or f"{_prog()} {argv[0]}")
     # The run's launch, for its roles' start-up lines: this process's start where no launcher set it before.
     os.environ.setdefault(LAUNCHED_AT_ENV, repr(process_started_at() or time.time()))
-    args = _parser(launcher).parse_args(argv)
+    args, unknown = _parser(launcher).parse_known_args(argv)
+    if unknown:
+        args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command == "worker":
         args.overrides = [*args.overrides, "collectors.count=1"]   # a process is one role
     _stacks_on_crash()

@@ -99,6 +99,13 @@ def test_each_launcher_runs_a_subcommand_of_the_package_under_its_own_name(pypro
         result = subprocess.run([f"./launch/{script}.sh", "--help"], cwd=ROOT, capture_output=True, text=True,
                                 timeout=60, env=os.environ | {"RL_DQN_PYTHON": sys.executable})
         assert result.returncode == 0 and result.stdout.startswith(f"usage: ./launch/{script}.sh ["), result
+        if script not in ("play", "doctor"):   # an argument a role does not take: refused with that role's usage
+            result = subprocess.run([f"./launch/{script}.sh", "configs/smoke.yaml", "--bogus"], cwd=ROOT,
+                                    capture_output=True, text=True, timeout=60,
+                                    env=os.environ | {"RL_DQN_PYTHON": sys.executable})
+            assert result.returncode == 2 and result.stderr == (
+                f"rl_dqn: error: unrecognized arguments: --bogus (usage: ./launch/{script}.sh [-h] config "
+                f"[section.key=value ...])\n"), result
     venv = (ROOT / "launch/_venv.sh").read_text()
     # The venv is set up again when either file changes; requirements.txt pins a build backend that pyproject.toml
     # accepts, so that the editable install builds offline.
