@@ -118,11 +118,14 @@ def random_chunk(collector: int, seq: int, envs: int, generator: torch.Generator
                  torch.randn(T, E, generator=generator), torch.randn(T, E, generator=generator))
 
 
-def measure(learner: Learner, seconds: float) -> tuple[float, float, float]:
-    """Seconds per update, the process's CPU seconds per update, and seconds per sample() alone."""
+def measure(learner: Learner, seconds: float) -> tuple[float, float, float | None]:
+    """Seconds per update, the process's CPU seconds per update, and seconds per sample() alone (None where the
+    update is a captured graph, which samples inside it)."""
     torch.set_num_threads(torch_threads(learner.cfg, learner.device))
     replay, generator, batch = learner.trainer.replay, learner.trainer.generator, learner.cfg.train.batch_size
     step, cpu = timed(learner.step, learner.device, seconds)
+    if learner.trainer.static:
+        return step, cpu, None
     sample, _ = timed(lambda: replay.sample(batch, generator, 0.5), learner.device, seconds / 2)
     return step, cpu, sample
 
@@ -248,8 +251,7 @@ def main() -> None:
                         step, cpu, sample = measure(learner, args.seconds)
                         shown = "fail" if graph == "on" and not learner.trainer.static else graph   # eager updates
                         failed = failed or shown == "fail"
-                        # A captured update samples inside its graph: the eager sample() is no part of it.
-                        share = "-" if learner.trainer.static else f"{sample / step:.0%}"
+                        share = "-" if sample is None else f"{sample / step:.0%}"
                         print(f"  {device:<6} {label:<{width}} {overlap:>7} {shown:>5} {batch:>5} {1 / step:>10,.1f} "
                               f"{batch / step:>10,.0f} {cpu * 1e3:>8.1f} {share:>14}", flush=True)
                         if args.profile:
