@@ -133,7 +133,7 @@ class Intake:
         entered now (none while it waits for an earlier one). A new process in a slot starts its lanes' next
         episodes (its first steps start episodes), so its chunks follow on from the chunks of the one it replaced;
         that one's chunks still held back by a gap are dropped and counted. A chunk that was refused is passed over
-        (once a later one arrives), and the chunk after it starts new episodes in its lanes."""
+        once the chunk after it arrives, which starts new episodes in its lanes."""
         i = chunk.collector
         if chunk.sender != self._lane_sender[i]:
             self._lane_sender[i] = chunk.sender
