@@ -221,6 +221,16 @@ def save_atomically(state: dict, path: Path, progress: Callable[[int], None] | N
         raise
 
 
+def write_bytes_atomically(path: Path, data: bytes) -> None:
+    """Writes `data` to `path` whole or not at all, as save_atomically() writes a state; OSError where it cannot."""
+    partial = path.with_name(path.name + ".partial")
+    try:
+        partial.write_bytes(data)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
 class _Writing:
     """The file torch.save writes to, which hands each tensor's storage over in one write: written in slices and
     synced every SYNC_BYTES, so that a file of gigabytes reaches the disk as it goes (its last sync is short) and

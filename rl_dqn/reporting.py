@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -357,12 +356,7 @@ class Report:
             summary["env_steps_per_s_training"] = (counters.env_steps - steps) / (end - since)
             summary["updates_per_s_training"] = (counters.updates - updates) / (end - since)
         # Written whole or not at all: a full disk leaves the summary an earlier process wrote (a resumed run's).
-        path, partial = self.run_dir / "summary.json", self.run_dir / "summary.json.partial"
-        try:
-            partial.write_text(json.dumps(summary, indent=2))
-            os.replace(partial, path)
-        finally:
-            partial.unlink(missing_ok=True)
+        checkpoints.write_bytes_atomically(self.run_dir / "summary.json", json.dumps(summary, indent=2).encode())
 
     def close(self) -> None:
         self.board.close()

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import io
-import os
 from pathlib import Path
 
 import cv2
 import numpy as np
 from PIL import Image
+
+from rl_dqn.checkpoints import write_bytes_atomically
 
 FORMATS = (".mp4", ".gif")
 
@@ -66,14 +67,10 @@ class VideoFile:
     def close(self) -> None:
         if self.gif:
             if self.frames:
-                partial = self.path.with_name(self.path.name + ".partial")   # a file cut short is never left
-                try:
-                    partial.write_bytes(gif_bytes(self.frames, self.fps))
-                    os.replace(partial, self.path)
+                try:   # a file cut short is never left
+                    write_bytes_atomically(self.path, gif_bytes(self.frames, self.fps))
                 except OSError as e:
                     raise VideoError(f"cannot write {self.path}: {e.strerror}") from None
-                finally:
-                    partial.unlink(missing_ok=True)
             self.frames = []
         elif self._writer is not None:
             writer, self._writer = self._writer, None   # closed from here on: discard() leaves the file
