@@ -210,10 +210,11 @@ def save_atomically(state: dict, path: Path, progress: Callable[[int], None] | N
         os.replace(partial, path)
     except BaseException as e:   # a full disk, or a signal: a file cut short leaves no space taken
         partial.unlink(missing_ok=True)
-        # A write that failed partway leaves torch's zip writer at the wrong offset, and its closing check raises
-        # RuntimeError ("unexpected pos") over the OSError that says why; a failed write names no file, a failed
-        # open the partial one.
-        cause = e.__context__ if isinstance(e, RuntimeError) and isinstance(e.__context__, OSError) else e
+        # A write that failed partway (or was cut by Ctrl-C) leaves torch's zip writer at the wrong offset, and its
+        # closing check raises RuntimeError ("unexpected pos") over the error that says why; a failed write names no
+        # file, a failed open the partial one.
+        cut = isinstance(e, RuntimeError) and isinstance(e.__context__, (OSError, KeyboardInterrupt))
+        cause = e.__context__ if cut else e
         if isinstance(cause, OSError) and cause.errno is not None and cause.filename in (None, str(partial)):
             raise OSError(cause.errno, cause.strerror, str(path)) from None
         if cause is not e:

@@ -483,6 +483,27 @@ def test_a_checkpoint_the_disk_cannot_take_is_said_and_training_goes_on_with_no_
                                                                             "replay_000000002.pt"]
 
 
+def test_ctrl_c_partway_through_a_checkpoint_file_is_a_keyboardinterrupt_and_leaves_the_older_file(tmp_path,
+                                                                                                  monkeypatch):
+    """Ctrl-C while a file is written cuts torch's zip writer short, which then raises its own RuntimeError over the
+    interrupt: the caller gets the KeyboardInterrupt, and the file written before stays whole."""
+    writing, cut = checkpoints._Writing, [False]
+
+    class CtrlC(writing):
+        def write(self, data):
+            if cut[0] and self.written:
+                raise KeyboardInterrupt
+            return super().write(data)
+    monkeypatch.setattr(checkpoints, "_Writing", CtrlC)
+    path = tmp_path / "state.pt"
+    checkpoints.save_atomically({"weights": torch.zeros(1000)}, path)
+    cut[0] = True
+    with pytest.raises(KeyboardInterrupt):
+        checkpoints.save_atomically({"weights": torch.ones(1000)}, path)
+    assert [p.name for p in tmp_path.iterdir()] == ["state.pt"]
+    assert torch.equal(checkpoints.read(path)["weights"], torch.zeros(1000))
+
+
 def test_a_best_network_the_disk_cannot_take_is_said_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
     """A full disk when a round scores best: the run goes on, and a later round that scores better than what best.pt
     holds (though not better than the round that could not be saved) is saved once there is space."""
