@@ -224,7 +224,11 @@ def supervise(specs: list[RoleSpec], node: str, grace_s: float = 20.0, progress:
                     code = role.process.returncode
                     if code is not None and code != 0:
                         role.finish_output()
-                        if role.may_restart() and not interrupted:
+                        if role.may_restart() and interrupted:   # a death it would see to, as the node stops
+                            print(f"{node}: {role.spec.label} died ({role.why()}) as the node stops; not started "
+                                  f"again", file=sys.stderr, flush=True)
+                            continue
+                        if role.may_restart():
                             used = role.spec.restarts - role.restarts_left + 1
                             print(f"{node}: {role.spec.label} died ({role.why()}); starting a new process "
                                   f"(restart {used} of {role.spec.restarts})", file=sys.stderr, flush=True)

@@ -10,6 +10,7 @@ import math
 import os
 import queue
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -319,7 +320,8 @@ print("[learner] done")
 # A collector that was joining as the run ended: once the learner has finished (its process is gone) or it is
 # asked to stop, it exits 1 ("error"), or it hangs there ("hang", deaf to SIGTERM), or, with "die", exits 1 as soon as
 # the learner can be asked to stop (it has written its pid file).
-# With "die-once", its first process is killed (SIGKILL) as it starts, and the next one runs until asked to stop.
+# With "die-once", its first process is killed (SIGKILL) as it starts, and the next one runs until asked to stop;
+# with "die-as-node-stops", it is killed (SIGKILL) just as the node is asked to stop (SIGTERM).
 COLLECTOR = """
 import os, pathlib, signal, sys, time
 started, pid_file, how = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), sys.argv[3]
@@ -337,6 +339,11 @@ if how == "die":
     print("[collector0] error: the learner refused collector0")
     sys.exit(1)
 if how == "die-once" and started.read_text().count("started") == 1:
+    os.kill(os.getpid(), signal.SIGKILL)
+if how == "die-as-node-stops":
+    while not pid_file.exists():
+        time.sleep(0.05)
+    os.kill(os.getppid(), signal.SIGTERM)
     os.kill(os.getpid(), signal.SIGKILL)
 while not pid_file.exists():
     time.sleep(0.05)
@@ -389,6 +396,16 @@ def test_a_collector_that_dies_while_the_run_goes_on_is_started_again_in_its_slo
     assert "local: collector0 died (killed by SIGKILL); starting a new process (restart 1 of 3)" in err, err
     assert (tmp_path / "started").read_text() == "started\nstarted\n"
     assert "not stopped cleanly" not in out and "stopping the other roles" not in err, out + err
+
+
+def test_a_collector_that_dies_as_the_node_is_asked_to_stop_is_not_started_again_nor_a_failure(tmp_path, capsys):
+    """A collector killed (SIGKILL) at the moment the node gets SIGTERM, both seen in one pass of the node: it would
+    have been started again, so its death is no failure of the node, which stops as asked (128 + SIGTERM)."""
+    assert node(tmp_path, "die-as-node-stops", learner="wait") == 128 + signal.SIGTERM
+    _, err = capsys.readouterr()
+    assert "local: SIGTERM: stopping every role" in err, err
+    assert "stopping the other roles" not in err and "starting a new process" not in err, err
+    assert (tmp_path / "started").read_text() == "started\n"
 
 
 def test_a_collector_that_dies_before_the_run_ends_still_fails_the_node(tmp_path, capsys):
