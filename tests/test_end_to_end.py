@@ -32,7 +32,15 @@ TAGS = ["collector/episode_return", "collector/episode_length", "collector/env_s
 def runs(tmp_path, monkeypatch):
     monkeypatch.setenv("RL_DQN_RUNS_DIR", str(tmp_path))
     monkeypatch.setenv("RL_DQN_PYTHON", sys.executable)   # the launchers use this interpreter, not .venv
-    return tmp_path
+    yield tmp_path
+    # A failed test leaves nothing running to slow the tests after it (its runs have no end of their own, and each
+    # is named after its folder, which only this test uses).
+    for folder in tmp_path.iterdir():
+        for line in processes_of(folder.name) if re.fullmatch(r"[\w.-]+", folder.name) else []:
+            try:
+                os.kill(int(line.split()[0]), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def launch(script: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:

@@ -14,23 +14,10 @@ import time
 
 import pytest
 import torch
-from test_end_to_end import LONG, ROOT, Console, launch, points, processes_of, scalars, wait_for, wall_time
+from test_end_to_end import (LONG, ROOT, Console, launch, points, processes_of, runs, scalars,  # noqa: F401 (runs)
+                             wait_for, wall_time)
 
 from rl_dqn.supervisor import free_port
-
-
-@pytest.fixture
-def runs(tmp_path, monkeypatch):
-    monkeypatch.setenv("RL_DQN_RUNS_DIR", str(tmp_path))
-    monkeypatch.setenv("RL_DQN_PYTHON", sys.executable)
-    yield tmp_path
-    # A failed test leaves nothing running (the runs are named after their folder, which only this test uses).
-    for folder in tmp_path.iterdir():
-        for line in processes_of(folder.name):
-            try:
-                os.kill(int(line.split()[0]), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 def pid_of(run: str, index: int) -> int:
@@ -60,7 +47,7 @@ def test_a_killed_collector_is_replaced_while_the_learner_trains_on(runs):
     replay_before = scalars(runs / "kill")["learner/replay_size"][-1]
     os.kill(victim, signal.SIGKILL)
     killed = time.monotonic()
-    console.wait_for("[learner] collector1 lost: ", timeout=60, after=killed)
+    lost = console.wait_for("[learner] collector1 lost: ", timeout=60, after=killed)
     console.wait_for("collector1 died (killed by SIGKILL); starting a new process (restart 1 of 10)", timeout=60)
     rejoined = console.wait_for("[learner] collector1 joined (process 2 of its slot)", timeout=60, after=killed)
     # The new process says it acts as soon as its admission brings the weights; the learner says it joined when its
@@ -87,11 +74,12 @@ def test_a_killed_collector_is_replaced_while_the_learner_trains_on(runs):
     assert slot["processes"] == 2 and slot["senders"] == 2, slot
     assert summary["dropped_chunks"] == 0 and summary["rejected_chunks"] == {}
     assert summary["replay_size"] >= replay_before
-    # The learner never paused: an update in every one-second interval from the first to the last.
+    # The learner trained on with the other collector while the slot had no process: its update count, logged every
+    # second, rose between the loss and the new process's joining.
+    logged = [(e.wall_time, e.value) for e in points(runs / "kill")["learner/updates"]]
+    at_loss = max((v for t, v in logged if t <= wall_time(lost)), default=0.0)
+    assert any(v > at_loss for t, v in logged if wall_time(lost) < t <= wall_time(rejoined)), (lost, rejoined, logged)
     values = scalars(runs / "kill")
-    rates = values["learner/updates_per_s"]
-    first = next(i for i, r in enumerate(rates) if r > 0)
-    assert all(r > 0 for r in rates[first:-1]), rates
     # One collector alive after the kill, two again once the new process joined (at the very end, as SIGTERM takes
     # the run down, the count may fall as collectors leave).
     alive = values["cluster/collectors_alive"]
@@ -108,8 +96,8 @@ def test_a_hung_collector_is_dropped_and_replaced_when_it_wakes(runs):
     wait_for_training(runs / "hang")
     os.kill(victim, signal.SIGSTOP)
     stopped = time.monotonic()
-    lost = console.wait_for("[learner] collector1 lost: no answer within transport.rpc_timeout_s", timeout=20)
-    assert lost - stopped < 5 + 3 + 3
+    lost = console.wait_for("[learner] collector1 lost: no answer within transport.rpc_timeout_s", timeout=30)
+    assert lost - stopped < 2 * (5 + 3)   # its quiet time and one ping's timeout, with room for a loaded machine
 
     def trained_since_lost() -> bool:
         """learner/updates, logged every interval, rose after the loss."""

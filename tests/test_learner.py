@@ -182,7 +182,7 @@ def test_weights_found_diverged_as_a_failing_run_closes_are_said_beside_its_erro
     weights found diverged as it closes are said in a line, not saved, and not raised in that error's place."""
     learner = make_learner(tmp_path, *DIVERGING, "learner.publish_every_updates=1000",
                            "learner.checkpoint_every_updates=1000", "eval.every_env_steps=0",
-                           "cluster.join_timeout_s=0.5")
+                           "cluster.join_timeout_s=2")
     chunks = {f"collector{i}": [chain_chunk(i, seq, episodes=10) for seq in range(2)] for i in range(2)}
     endpoint = MemoryEndpoint(chunks, learner.cfg.collectors.max_chunks_in_flight,
                               lost={"collector0": "it died", "collector1": "it died"})

@@ -109,6 +109,10 @@ def test_a_resumed_runs_curves_keep_what_came_before_its_checkpoint_and_hide_wha
     for step, score in ((50, 1.0), (100, 2.0), (120, 9.0)):   # the checkpoint is at 100
         first.scalar("eval/episode_return", score, step)
     first.writer.close()
+    # TensorBoard reads a folder's event files in name order: seconds since the epoch, then a per-process counter
+    # that here, after other tests' writers, may go from 9 to 10 within one second. A resumed process starts in a
+    # later second; so does this one.
+    time.sleep(1.01 - time.time() % 1)
     resumed = Board(tmp_path, load_config(ROOT / "configs/cartpole.yaml", ["run.name=t", "run.resume=true"]))
     resumed.resume_at(100)
     resumed.scalar("eval/episode_return", 3.0, 150)

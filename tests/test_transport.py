@@ -116,7 +116,7 @@ def test_collector_notices_a_hung_learner(kind):
         who, what, value = events.get(timeout=30)
         message, noticed = value
         assert (who, what) == ("collector0", "error") and message.startswith("learner unreachable: no answer to a ping")
-        assert noticed - stopped < 5.0
+        assert noticed - stopped < 10.0   # a ping each second, each given 1 s: with room for a loaded machine
         collector.join(timeout=30)
         assert collector.exitcode == 0
     finally:
