@@ -1,8 +1,13 @@
 """Soak: a one-node run left alone for a long time while a random collector is killed every few minutes.
 
-    python benchmarks/soak.py --minutes 30 --kill-every-s 180 [CONFIG] [section.key=value ...]
+    python benchmarks/soak.py --minutes 30 --kill-every-s 180 [--hang-share 0.5 [--hang-s S]] [CONFIG]
+                              [section.key=value ...]
 
-Prints, at the end: how long the learner ran and whether it ever stopped training, every kill and how long the
+With --hang-share, that share of the faults hangs the collector instead (SIGSTOP, then SIGCONT --hang-s later): the
+learner should drop it once its ping goes unanswered, and the woken process learn that it is out, exit and be
+replaced.
+
+Prints, at the end: how long the learner ran and whether it ever stopped training, every fault and how long the
 slot took to get a new process contributing again, what data was lost (chunks dropped or refused, and whether
 replay ever shrank), and the learner's memory over the run (resident set size, first and last quarter).
 """
@@ -54,6 +59,11 @@ def main() -> int:
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     parser.add_argument("--minutes", type=arguments.positive, default=30.0)
     parser.add_argument("--kill-every-s", type=arguments.positive, default=180.0)
+    parser.add_argument("--hang-share", type=arguments.probability, default=0.0,
+                        help="the share of faults that hang a collector (SIGSTOP) rather than kill it")
+    parser.add_argument("--hang-s", type=arguments.positive, default=None,
+                        help="how long a hung collector stays stopped before SIGCONT wakes it (default: twice the "
+                             "5 s + transport.rpc_timeout_s within which the learner drops a hung collector)")
     parser.add_argument("--seed", type=arguments.seed, default=0)
     args = parser.parse_args()
     rng = random.Random(args.seed)
@@ -62,9 +72,11 @@ def main() -> int:
                 "eval.every_env_steps=0", *args.overrides]
     # Checked as the launch checks it, before a folder for the run is made: a refused run leaves no summary to read.
     try:
-        load_config(ROOT / args.config, settings)
+        cfg = load_config(ROOT / args.config, settings)
     except ConfigError as e:
         parser.error(arguments.config_error(e, args.config, args.overrides, "override"))
+    if args.hang_s is None:
+        args.hang_s = 2 * (5 + cfg.transport.rpc_timeout_s)
     runs = Path(os.environ.get("RL_DQN_RUNS_DIR") or tempfile.mkdtemp(prefix="soak-"))
     command = [sys.executable, "-m", "rl_dqn", "local", args.config, *settings]
     env = dict(os.environ, RL_DQN_RUNS_DIR=str(runs), PYTHONPATH=str(ROOT))
@@ -80,35 +92,53 @@ def main() -> int:
     started = time.monotonic()
     end = started + args.minutes * 60
     memory: list[tuple[float, float]] = []
-    kills: list[tuple[float, str]] = []
+    kills: list[tuple[float, str, bool]] = []   # (when, which collector, hung rather than killed)
+    stopped: dict[int, float] = {}   # pid of a hung collector -> when it is woken
     learner_pids = set()
     next_kill = started + args.kill_every_s
+
+    def wake(pid: int) -> None:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        del stopped[pid]
+
     while time.monotonic() < end and process.poll() is None:
-        time.sleep(5)
+        time.sleep(min(5.0, args.hang_s / 4))
+        for pid in [pid for pid, at in stopped.items() if time.monotonic() >= at]:
+            wake(pid)
         roles = pids_of(run)
         if "learner" in roles:
             learner_pids.add(roles["learner"])
             if (mb := rss_mb(roles["learner"])) is not None:
                 memory.append((time.monotonic() - started, mb))
-        collectors = sorted(name for name in roles if name.startswith("collector"))
+        collectors = sorted(name for name in roles if name.startswith("collector") and roles[name] not in stopped)
         if time.monotonic() >= next_kill and collectors:
             victim = rng.choice(collectors)
-            os.kill(roles[victim], signal.SIGKILL)
-            kills.append((time.monotonic(), victim))
-            print(f"[soak] {time.monotonic() - started:7.0f} s: killed {victim} (pid {roles[victim]})", flush=True)
+            hang = rng.random() < args.hang_share
+            os.kill(roles[victim], signal.SIGSTOP if hang else signal.SIGKILL)
+            kills.append((time.monotonic(), victim, hang))
+            if hang:
+                stopped[roles[victim]] = time.monotonic() + args.hang_s
+            print(f"[soak] {time.monotonic() - started:7.0f} s: {'hung' if hang else 'killed'} {victim} "
+                  f"(pid {roles[victim]})", flush=True)
             next_kill += args.kill_every_s
+    for pid in list(stopped):   # a stopped process would not hear the launcher's SIGTERM
+        wake(pid)
     alive_at_end = process.poll() is None
     if alive_at_end:
         process.send_signal(signal.SIGTERM)
     code = process.wait(timeout=60)
     wall = time.monotonic() - started
 
-    # Each kill: when its slot's new process joined and when that process acted (its first chunk follows at once).
-    recoveries = []
-    for at, victim in kills:
-        joined = next((t for t, line in lines if t > at and f"[learner] {victim} joined" in line), None)
-        acting = next((t for t, line in lines if t > at and f"[{victim}] acting in" in line), None)
-        recoveries.append((victim, None if joined is None else joined - at, None if acting is None else acting - at))
+    # Each fault: when the learner dropped a hung process, when its slot's new process joined and when that process
+    # acted (its first chunk follows at once).
+    def after(at: float, text: str) -> float | None:
+        return next((t - at for t, line in lines if t > at and text in line), None)
+    recoveries = [(victim, hang, after(at, f"[learner] {victim} lost: ") if hang else None,
+                   after(at, f"[learner] {victim} joined"), after(at, f"[{victim}] acting in"))
+                  for at, victim, hang in kills]
     summary = json.loads((runs / run / "summary.json").read_text())
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     events = EventAccumulator(str(runs / run), size_guidance={"scalars": 0})
@@ -118,17 +148,20 @@ def main() -> int:
     first_training = next((i for i, r in enumerate(rates) if r > 0), len(rates))
     idle = sum(1 for r in rates[first_training:-1] if r == 0)
 
-    print(f"\nsoak of {run}: {wall / 60:.1f} min, a collector killed every {args.kill_every_s:g} s; "
+    faults = "killed or hung" if args.hang_share else "killed"
+    print(f"\nsoak of {run}: {wall / 60:.1f} min, a collector {faults} every {args.kill_every_s:g} s; "
           f"launcher exit {code} ({'ended by the soak' if alive_at_end else 'ended by itself'})")
     if not alive_at_end:
         print("the launcher's last lines:\n" + "\n".join(f"  {line}" for _, line in lines[-15:]))
     print(f"learner: {len(learner_pids)} process(es) over the whole run (1 = never restarted); "
           f"{summary['env_steps']:,} env steps, {summary['updates']:,} updates; "
           f"{idle} of {len(rates) - first_training - 1} five-second intervals without an update once training began")
-    for victim, joined, acting in recoveries:
-        print(f"  killed {victim}: new process joined after "
-              f"{'never' if joined is None else f'{joined:.1f} s'}, acting after "
-              f"{'never' if acting is None else f'{acting:.1f} s'}")
+    def seconds(value: float | None) -> str:
+        return "never" if value is None else f"{value:.1f} s"
+    for victim, hang, lost, joined, acting in recoveries:
+        print(f"  {f'hung {victim} for {args.hang_s:g} s' if hang else f'killed {victim}'}: "
+              + (f"dropped by the learner after {seconds(lost)}, " if hang else "")
+              + f"new process joined after {seconds(joined)}, acting after {seconds(acting)}")
     # Replay size counts drawable transitions: once the memory is full it moves a little as the lanes' heads
     # advance (a transition is drawable once its n steps are in). Before that, a fall would be lost data.
     full = next(i for i, size in enumerate(replay) if size >= 0.99 * max(replay))

@@ -43,6 +43,8 @@ CASES = [
     ("learning.py", [SMOKE, "--scores", "0,nan"], "argument --scores"),
     ("soak.py", ["/nonexistent.yaml", "--minutes", "0.1"], "config /nonexistent.yaml"),
     ("soak.py", [SMOKE, "--kill-every-s", "0"], "argument --kill-every-s"),
+    ("soak.py", [SMOKE, "--hang-share", "2"], "argument --hang-share"),
+    ("soak.py", [SMOKE, "--hang-s", "0"], "argument --hang-s"),
     ("replay_memory.py", ["--transitions", "0"], "argument --transitions"),
     ("replay_memory.py", ["--transitions", "-5"], "argument --transitions"),
     ("network.py", ["--seconds", "-1"], "argument --seconds"),
