@@ -15,6 +15,7 @@ replay ever shrank), and the learner's memory over the run (resident set size, f
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import re
@@ -30,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import arguments  # noqa: E402  (benchmarks/arguments.py, beside this script)
-from rl_dqn.config import ConfigError, load_config  # noqa: E402
+from rl_dqn.config import MAX_RESTARTS, ConfigError, load_config  # noqa: E402
 
 
 def rss_mb(pid: int) -> float | None:
@@ -68,8 +69,11 @@ def main() -> int:
     args = parser.parse_args()
     rng = random.Random(args.seed)
     run = f"soak-{time.strftime('%Y%m%d-%H%M%S')}"
+    # Every fault may land on one slot: its launcher must restart it that often (collectors.max_restarts), or the
+    # node stops, as it is meant to, once a slot has used its restarts.
+    restarts = min(MAX_RESTARTS, math.ceil(args.minutes * 60 / args.kill_every_s))
     settings = [f"run.name={run}", "train.total_env_steps=1000000000000", "metrics.interval_s=5",
-                "eval.every_env_steps=0", *args.overrides]
+                "eval.every_env_steps=0", f"collectors.max_restarts={max(10, restarts)}", *args.overrides]
     # Checked as the launch checks it, before a folder for the run is made: a refused run leaves no summary to read.
     try:
         cfg = load_config(ROOT / args.config, settings)
